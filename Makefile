@@ -1,0 +1,24 @@
+# The two README commands: `make serve` and `make test`. Both do all set-up
+# they need on a fresh machine (ONNX Runtime from the pinned PyPI wheel).
+
+ORT_LIB := .ort/cpu/libonnxruntime.so.1.31.1
+
+.PHONY: serve test setup models bench
+
+## serve: serve model-repository/ on :8080 (release build)
+serve: setup
+	cargo run --release -- serve
+
+## test: every test (unit + end-to-end against real ONNX Runtime)
+test: setup
+	cargo test --all-targets -- --nocapture 2>&1 | grep -v '^$$' ; exit $${PIPESTATUS[0]}
+
+setup: $(ORT_LIB)
+
+$(ORT_LIB): scripts/fetch-onnxruntime.sh
+	scripts/fetch-onnxruntime.sh
+
+## models: regenerate model-repository/ and tests/fixtures/ (Python venv)
+models:
+	scripts/setup-python.sh
+	.venv/bin/python scripts/make_models.py

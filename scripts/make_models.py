@@ -1,0 +1,384 @@
+#!/usr/bin/env python3
+"""Generate the example and test ONNX models for sluice, plus expected outputs.
+
+Run from anywhere (paths are resolved from the repository root):
+
+    scripts/setup-python.sh
+    .venv/bin/python scripts/make_models.py
+
+Writes:
+  model-repository/digits/   sklearn MLPClassifier on load_digits (skl2onnx)
+  model-repository/mlp/      784-1024-1024-10 Gemm+Relu MLP, random weights
+  tests/fixtures/digits_expected.json, mlp_expected.json, multi_io_expected.json
+                             inputs + outputs computed with Python onnxruntime
+  tests/fixtures/models/{dtypes,multi_io,fixed_batch,scalar_out,broken}/
+                             small hand-built models for server edge cases
+
+Deterministic: fixed seeds, single-threaded BLAS / onnxruntime, explicit graph
+names, so running it twice gives byte-identical files (on the same machine and
+package versions; float results may differ in the last bits on another CPU, so
+compare them with a tolerance).
+"""
+
+import os
+
+# Single-threaded BLAS before numpy is imported: keeps MLP training bit-for-bit
+# reproducible (threaded reductions may sum in a different order).
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parent.parent
+REPO = ROOT / "model-repository"
+FIXTURES = ROOT / "tests" / "fixtures"
+TEST_MODELS = FIXTURES / "models"
+
+OPSET = 17
+IR_VERSION = 8  # the IR version that goes with opset 17 (onnx 1.12)
+PRODUCER = "sluice-make_models"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def write_settings(folder: Path, settings: dict) -> None:
+    """model-settings.json, keys in the given order, 2-space indent, trailing newline."""
+    write_bytes(folder / "model-settings.json", (json.dumps(settings, indent=2) + "\n").encode())
+
+
+def dump_json(value, indent: int = 0) -> str:
+    """JSON with one line per innermost list (row), so fixtures stay diff-friendly.
+
+    Floats are written with Python's shortest round-trip repr of the float64
+    value; callers pass float(np.float32), which is exact, so parsing back to
+    f32 gives the original bits.
+    """
+    pad = "  " * indent
+    inner = "  " * (indent + 1)
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        items = [f"{inner}{json.dumps(k)}: {dump_json(v, indent + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(value, list) and value and isinstance(value[0], (list, dict)):
+        items = [f"{inner}{dump_json(v, indent + 1)}" for v in value]
+        return "[\n" + ",\n".join(items) + "\n" + pad + "]"
+    return json.dumps(value, separators=(", ", ": "), allow_nan=False)
+
+
+def write_json(path: Path, value) -> None:
+    write_bytes(path, (dump_json(value) + "\n").encode())
+
+
+def f32_list(a: np.ndarray):
+    """float32 array -> nested Python floats holding the exact float32 values."""
+    a = np.asarray(a, dtype=np.float32)
+    if a.ndim == 0:
+        return float(a)
+    return [f32_list(x) for x in a] if a.ndim > 1 else [float(x) for x in a]
+
+
+def int_list(a: np.ndarray):
+    return np.asarray(a).tolist()
+
+
+def finish_model(graph: onnx.GraphProto) -> onnx.ModelProto:
+    """Wrap a graph as an opset-17 / IR-8 model and validate it."""
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name=PRODUCER)
+    m.ir_version = IR_VERSION
+    onnx.checker.check_model(m, full_check=True)  # full_check also runs shape inference
+    return m
+
+
+def save_model(folder: Path, model: onnx.ModelProto, settings: dict) -> Path:
+    path = folder / "model.onnx"
+    write_bytes(path, model.SerializeToString())
+    write_settings(folder, settings)
+    return path
+
+
+def session(path: Path) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1  # deterministic reference outputs
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3  # errors only
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def describe(sess: ort.InferenceSession) -> str:
+    ins = ", ".join(f"{i.name}:{i.type}{i.shape}" for i in sess.get_inputs())
+    outs = ", ".join(f"{o.name}:{o.type}{o.shape}" for o in sess.get_outputs())
+    return f"({ins}) -> ({outs})"
+
+
+def rel(p: Path) -> str:
+    return str(p.relative_to(ROOT))
+
+
+# --------------------------------------------------------------------------- digits
+
+
+def make_digits() -> None:
+    from sklearn.datasets import load_digits
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.model_selection import train_test_split
+    from sklearn.neural_network import MLPClassifier
+    from skl2onnx import to_onnx
+    from skl2onnx.common.data_types import FloatTensorType
+
+    # load_digits is bundled with scikit-learn: no download.
+    X, y = load_digits(return_X_y=True)
+    X = (X / 16.0).astype(np.float32)
+    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.25, random_state=0)
+    clf = MLPClassifier(hidden_layer_sizes=(64,), max_iter=500, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(Xtr, ytr)
+
+    onx = to_onnx(
+        clf,
+        initial_types=[("input", FloatTensorType([None, 64]))],
+        options={id(clf): {"zipmap": False}},  # plain probabilities tensor, not seq(map)
+        target_opset=OPSET,
+        name="digits",  # otherwise skl2onnx may use a random uuid as graph name
+    )
+    onnx.checker.check_model(onx)
+    folder = REPO / "digits"
+    path = save_model(
+        folder,
+        onx,
+        {"name": "digits", "max_batch_size": 32, "max_batch_time": 0.005, "parameters": {"version": "1"}},
+    )
+
+    sess = session(path)
+    labels, probs = sess.run(["label", "probabilities"], {"input": Xte})
+    sk_pred = clf.predict(Xte)
+    print(f"digits: {rel(path)} ({path.stat().st_size} B, ir {onx.ir_version}) {describe(sess)}")
+    print(
+        f"  test accuracy ({len(yte)} rows): sklearn {clf.score(Xte, yte):.4f}, "
+        f"onnxruntime {float((labels == yte).mean()):.4f}; "
+        f"onnxruntime==sklearn on {int((labels == sk_pred).sum())}/{len(yte)}; "
+        f"outputs label {labels.dtype}{list(labels.shape)}, probabilities {probs.dtype}{list(probs.shape)}"
+    )
+
+    n = 64
+    labels, probs = sess.run(["label", "probabilities"], {"input": Xte[:n]})
+    write_json(
+        FIXTURES / "digits_expected.json",
+        {
+            "inputs": f32_list(Xte[:n]),
+            "labels_true": int_list(yte[:n]),
+            "labels_sklearn": int_list(sk_pred[:n]),
+            "labels": int_list(labels),
+            "probabilities": f32_list(probs),
+        },
+    )
+    print(f"  fixture: {n} rows, {int((labels == yte[:n]).sum())}/{n} correct")
+
+
+# --------------------------------------------------------------------------- mlp
+
+
+def make_mlp() -> None:
+    rng = np.random.default_rng(0)
+    dims = [784, 1024, 1024, 10]
+    nodes, inits = [], []
+    prev = "input"
+    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+        W = (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
+        B = np.zeros((b,), np.float32)
+        inits += [numpy_helper.from_array(W, f"W{i}"), numpy_helper.from_array(B, f"B{i}")]
+        nodes.append(helper.make_node("Gemm", [prev, f"W{i}", f"B{i}"], [f"h{i}"]))
+        if i < len(dims) - 2:
+            nodes.append(helper.make_node("Relu", [f"h{i}"], [f"r{i}"]))
+            prev = f"r{i}"
+        else:
+            prev = f"h{i}"
+    nodes.append(helper.make_node("Identity", [prev], ["logits"]))
+    g = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 784])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
+        initializer=inits,
+    )
+    path = save_model(REPO / "mlp", finish_model(g), {"name": "mlp", "max_batch_size": 64, "max_batch_time": 0.002})
+
+    sess = session(path)
+    x = np.random.default_rng(1).random((16, 784), dtype=np.float32)
+    (logits,) = sess.run(["logits"], {"input": x})
+    write_json(FIXTURES / "mlp_expected.json", {"inputs": f32_list(x), "logits": f32_list(logits)})
+    print(f"mlp: {rel(path)} ({path.stat().st_size} B) {describe(sess)}")
+    print(f"  fixture: 16 rows, logits {logits.dtype}{list(logits.shape)}")
+
+
+# --------------------------------------------------------------------------- test-only models
+
+# suffix -> (ONNX type, numpy dtype used to feed/check it)
+DTYPES = [
+    ("bool", TensorProto.BOOL, np.bool_),
+    ("uint8", TensorProto.UINT8, np.uint8),
+    ("uint16", TensorProto.UINT16, np.uint16),
+    ("uint32", TensorProto.UINT32, np.uint32),
+    ("uint64", TensorProto.UINT64, np.uint64),
+    ("int8", TensorProto.INT8, np.int8),
+    ("int16", TensorProto.INT16, np.int16),
+    ("int32", TensorProto.INT32, np.int32),
+    ("int64", TensorProto.INT64, np.int64),
+    ("fp16", TensorProto.FLOAT16, np.float16),
+    ("fp32", TensorProto.FLOAT, np.float32),
+    ("fp64", TensorProto.DOUBLE, np.float64),
+    ("bytes", TensorProto.STRING, np.object_),  # KServe BYTES == ONNX STRING
+]
+
+
+def sample(suffix: str, dtype, n: int) -> np.ndarray:
+    if suffix == "bool":
+        return (np.arange(n * 2) % 2 == 0).reshape(n, 2)
+    if suffix == "bytes":
+        return np.array([f"s{i}" for i in range(n * 2)], dtype=object).reshape(n, 2)
+    return np.arange(n * 2).astype(dtype).reshape(n, 2)
+
+
+def make_dtypes() -> None:
+    inputs, outputs, nodes = [], [], []
+    for suffix, onnx_type, _ in DTYPES:
+        inputs.append(helper.make_tensor_value_info(f"in_{suffix}", onnx_type, ["N", 2]))
+        outputs.append(helper.make_tensor_value_info(f"out_{suffix}", onnx_type, ["N", 2]))
+        nodes.append(helper.make_node("Identity", [f"in_{suffix}"], [f"out_{suffix}"], name=f"id_{suffix}"))
+    g = helper.make_graph(nodes, "dtypes", inputs, outputs)
+    path = save_model(TEST_MODELS / "dtypes", finish_model(g), {})
+
+    # Every type must load and run in onnxruntime, and come back unchanged.
+    sess = session(path)
+    feeds = {f"in_{s}": sample(s, dt, 3) for s, _, dt in DTYPES}
+    results = sess.run([f"out_{s}" for s, _, _ in DTYPES], feeds)
+    ok = []
+    for (suffix, _, dt), out in zip(DTYPES, results):
+        want = feeds[f"in_{suffix}"]
+        if out.dtype != want.dtype or out.shape != want.shape or not np.array_equal(out, want):
+            sys.exit(f"make_models: error: dtypes model: out_{suffix} came back as {out.dtype}{out.shape}: {out!r}")
+        ok.append(suffix)
+    print(f"dtypes: {rel(path)} ({path.stat().st_size} B): Identity round-trip OK for {', '.join(ok)}")
+
+
+def make_multi_io() -> None:
+    g = helper.make_graph(
+        [
+            helper.make_node("Add", ["a", "one"], ["sum"], name="add_one"),
+            helper.make_node("Cast", ["b"], ["b_f"], to=TensorProto.FLOAT, name="cast_b"),
+            helper.make_node("Unsqueeze", ["b_f", "axis1"], ["b_col"], name="b_to_column"),
+            helper.make_node("Mul", ["a", "b_col"], ["scaled"], name="scale_rows"),
+            helper.make_node("Mul", ["b", "two"], ["b_twice"], name="double_b"),
+        ],
+        "multi_io",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 3]),
+            helper.make_tensor_value_info("b", TensorProto.INT64, ["N"]),
+        ],
+        [
+            helper.make_tensor_value_info("sum", TensorProto.FLOAT, ["N", 3]),
+            helper.make_tensor_value_info("scaled", TensorProto.FLOAT, ["N", 3]),
+            helper.make_tensor_value_info("b_twice", TensorProto.INT64, ["N"]),
+        ],
+        initializer=[
+            numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+            numpy_helper.from_array(np.array(2, np.int64), "two"),
+            numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+        ],
+    )
+    path = save_model(TEST_MODELS / "multi_io", finish_model(g), {"max_batch_size": 8})
+
+    sess = session(path)
+    a = np.random.default_rng(2).random((5, 3), dtype=np.float32)
+    b = np.arange(5, dtype=np.int64)
+    s, sc, b2 = sess.run(["sum", "scaled", "b_twice"], {"a": a, "b": b})
+    # Independent check of the graph against numpy.
+    assert np.array_equal(s, a + np.float32(1)) and np.array_equal(sc, a * b[:, None].astype(np.float32))
+    assert np.array_equal(b2, b * 2)
+    write_json(
+        FIXTURES / "multi_io_expected.json",
+        {
+            "inputs": {"a": f32_list(a), "b": int_list(b)},
+            "outputs": {"sum": f32_list(s), "scaled": f32_list(sc), "b_twice": int_list(b2)},
+        },
+    )
+    print(f"multi_io: {rel(path)} ({path.stat().st_size} B) {describe(sess)}")
+
+
+def make_fixed_batch() -> None:
+    g = helper.make_graph(
+        [helper.make_node("Mul", ["x", "x"], ["y"], name="square")],
+        "fixed_batch",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2])],
+    )
+    path = save_model(TEST_MODELS / "fixed_batch", finish_model(g), {})
+    sess = session(path)
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    assert np.array_equal(sess.run(["y"], {"x": x})[0], x * x)
+    try:
+        sess.run(["y"], {"x": np.zeros((5, 2), np.float32)})
+        rejected = "NOT rejected"
+    except Exception:  # onnxruntime raises InvalidArgument for the wrong dimension
+        rejected = "rejected"
+    print(f"fixed_batch: {rel(path)} ({path.stat().st_size} B) {describe(sess)}; batch 5 {rejected}")
+
+
+def make_scalar_out() -> None:
+    g = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x", "axis1"], ["total"], keepdims=0, name="row_sum")],
+        "scalar_out",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("total", TensorProto.FLOAT, ["N"])],
+        initializer=[numpy_helper.from_array(np.array([1], np.int64), "axis1")],
+    )
+    path = save_model(TEST_MODELS / "scalar_out", finish_model(g), {})
+    sess = session(path)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    assert np.array_equal(sess.run(["total"], {"x": x})[0], np.array([6, 22], np.float32))
+    print(f"scalar_out: {rel(path)} ({path.stat().st_size} B) {describe(sess)}")
+
+
+def make_broken() -> None:
+    folder = TEST_MODELS / "broken"
+    write_bytes(folder / "model.onnx", b"not an onnx file\n")
+    write_settings(folder, {})
+    try:
+        session(folder / "model.onnx")
+        status = "UNEXPECTEDLY loaded"
+    except Exception:
+        status = "fails to load, as intended"
+    print(f"broken: {rel(folder / 'model.onnx')} {status}")
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    print(f"onnx {onnx.__version__}, onnxruntime {ort.__version__}, numpy {np.__version__}")
+    make_digits()
+    make_mlp()
+    make_dtypes()
+    make_multi_io()
+    make_fixed_batch()
+    make_scalar_out()
+    make_broken()
+
+
+if __name__ == "__main__":
+    main()

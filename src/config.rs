@@ -1,0 +1,309 @@
+//! Server configuration: built-in defaults, then `config/sluice.toml` (or
+//! `--config FILE`), then `SLUICE_*` environment variables, then CLI flags
+//! (figment layering, SPEC §10). Every key is documented in
+//! `config/sluice.toml`. `validate()` collects every problem at once and
+//! converts raw numbers to typed values at this boundary, so the rest of the
+//! code never sees a raw float.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+use crate::model::settings::{BatchPolicyKind, ExecutionProvider, ModelDefaults};
+
+/// The whole configuration file, as written (raw values).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub http: HttpConfig,
+    pub grpc: GrpcConfig,
+    pub model_repository: RepositoryConfig,
+    pub runtime: RuntimeConfig,
+    pub model_defaults: ModelDefaultsConfig,
+    pub shutdown: ShutdownConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    pub host: IpAddr,
+    pub port: u16,
+    pub max_body_bytes: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GrpcConfig {
+    pub port: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RepositoryConfig {
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// Path to `libonnxruntime.so.1.31.x`; empty = `ORT_DYLIB_PATH`, then `.ort/`.
+    pub onnxruntime_library: Option<PathBuf>,
+    /// Let ONNX Runtime's intra-op threads spin while waiting for work.
+    pub intra_op_spinning: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelDefaultsConfig {
+    pub max_batch_size: usize,
+    pub max_batch_time: f64,
+    pub batch_policy: BatchPolicyKind,
+    pub max_queue_size: usize,
+    pub timeout: f64,
+    pub instances: usize,
+    pub execution_provider: ExecutionProvider,
+    pub intra_op_threads: Option<usize>,
+    pub warmup: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShutdownConfig {
+    pub grace_period_seconds: f64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            http: HttpConfig::default(),
+            grpc: GrpcConfig::default(),
+            model_repository: RepositoryConfig::default(),
+            runtime: RuntimeConfig::default(),
+            model_defaults: ModelDefaultsConfig::default(),
+            shutdown: ShutdownConfig::default(),
+        }
+    }
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig { host: IpAddr::from([0, 0, 0, 0]), port: 8080, max_body_bytes: 64 << 20 }
+    }
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        GrpcConfig { port: 8081 }
+    }
+}
+
+impl Default for RepositoryConfig {
+    fn default() -> Self {
+        RepositoryConfig { path: PathBuf::from("model-repository") }
+    }
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig { onnxruntime_library: None, intra_op_spinning: false }
+    }
+}
+
+impl Default for ModelDefaultsConfig {
+    fn default() -> Self {
+        let d = ModelDefaults::default();
+        ModelDefaultsConfig {
+            max_batch_size: d.max_batch_size,
+            max_batch_time: d.max_batch_time.as_secs_f64(),
+            batch_policy: d.batch_policy,
+            max_queue_size: d.max_queue_size,
+            timeout: d.timeout.as_secs_f64(),
+            instances: d.instances,
+            execution_provider: d.execution_provider,
+            intra_op_threads: d.intra_op_threads,
+            warmup: d.warmup,
+        }
+    }
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        ShutdownConfig { grace_period_seconds: 30.0 }
+    }
+}
+
+/// Overrides from the command line; `None` leaves the lower layers alone.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CliOverrides {
+    pub model_repository: Option<PathBuf>,
+    pub host: Option<IpAddr>,
+    pub http_port: Option<u16>,
+    pub grpc_port: Option<u16>,
+    pub onnxruntime_library: Option<PathBuf>,
+}
+
+impl Config {
+    /// Layers defaults, the config file, `SLUICE_*` variables and CLI flags.
+    ///
+    /// `file`: an explicit `--config` (must exist) or `None` for
+    /// `config/sluice.toml` if it exists.
+    pub fn load(file: Option<&Path>, cli: &CliOverrides) -> Result<Config, String> {
+        let mut fig = Figment::new().merge(Serialized::defaults(Config::default()));
+        match file {
+            Some(f) if !f.is_file() => return Err(format!("config file {} does not exist", f.display())),
+            Some(f) => fig = fig.merge(Toml::file_exact(f)),
+            None => fig = fig.merge(Toml::file_exact("config/sluice.toml")),
+        }
+        fig = fig
+            // Nested keys with a double underscore: SLUICE_HTTP__PORT=9000.
+            .merge(
+                Env::prefixed("SLUICE_")
+                    .ignore(&["MODEL_MAX_BATCH_SIZE", "MODEL_MAX_BATCH_TIME"])
+                    .split("__"),
+            )
+            // MLServer-style global overrides (MLSERVER_MODEL_MAX_BATCH_SIZE there).
+            .merge(
+                Env::raw().only(&["SLUICE_MODEL_MAX_BATCH_SIZE", "SLUICE_MODEL_MAX_BATCH_TIME"]).map(|k| {
+                    match k.as_str() {
+                        "SLUICE_MODEL_MAX_BATCH_SIZE" => "model_defaults.max_batch_size".into(),
+                        _ => "model_defaults.max_batch_time".into(),
+                    }
+                }),
+            );
+        let mut cfg: Config = fig.extract().map_err(|e| format!("configuration: {e}"))?;
+        if let Some(p) = &cli.model_repository {
+            cfg.model_repository.path = p.clone();
+        }
+        if let Some(h) = cli.host {
+            cfg.http.host = h;
+        }
+        if let Some(p) = cli.http_port {
+            cfg.http.port = p;
+        }
+        if let Some(p) = cli.grpc_port {
+            cfg.grpc.port = p;
+        }
+        if let Some(p) = &cli.onnxruntime_library {
+            cfg.runtime.onnxruntime_library = Some(p.clone());
+        }
+        Ok(cfg)
+    }
+
+    /// Checks every value; returns all problems, each naming its key.
+    pub fn validate(&self) -> Result<(), Vec<String>> {
+        let mut errs = Vec::new();
+        let d = &self.model_defaults;
+        if d.max_batch_size > 65536 {
+            errs.push(format!("model_defaults.max_batch_size must be 0..=65536, got {}", d.max_batch_size));
+        }
+        if !(d.max_batch_time.is_finite() && (0.0..=60.0).contains(&d.max_batch_time)) {
+            errs.push(format!("model_defaults.max_batch_time must be 0..=60 seconds, got {}", d.max_batch_time));
+        }
+        if !(1..=1_000_000).contains(&d.max_queue_size) {
+            errs.push(format!("model_defaults.max_queue_size must be 1..=1000000, got {}", d.max_queue_size));
+        }
+        if !(d.timeout.is_finite() && d.timeout > 0.0 && d.timeout <= 86400.0) {
+            errs.push(format!("model_defaults.timeout must be > 0 and <= 86400 seconds, got {}", d.timeout));
+        }
+        if !(1..=64).contains(&d.instances) {
+            errs.push(format!("model_defaults.instances must be 1..=64, got {}", d.instances));
+        }
+        if let Some(t) = d.intra_op_threads {
+            if !(1..=1024).contains(&t) {
+                errs.push(format!("model_defaults.intra_op_threads must be 1..=1024, got {t}"));
+            }
+        }
+        if self.http.max_body_bytes < 1024 {
+            errs.push(format!("http.max_body_bytes must be at least 1024, got {}", self.http.max_body_bytes));
+        }
+        let g = self.shutdown.grace_period_seconds;
+        if !(g.is_finite() && (0.0..=3600.0).contains(&g)) {
+            errs.push(format!("shutdown.grace_period_seconds must be 0..=3600, got {g}"));
+        }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(errs)
+        }
+    }
+
+    /// The validated per-model defaults. Call after [`Config::validate`].
+    pub fn model_defaults(&self) -> ModelDefaults {
+        let d = &self.model_defaults;
+        ModelDefaults {
+            max_batch_size: d.max_batch_size,
+            max_batch_time: Duration::from_secs_f64(d.max_batch_time),
+            batch_policy: d.batch_policy,
+            max_queue_size: d.max_queue_size,
+            timeout: Duration::from_secs_f64(d.timeout),
+            instances: d.instances,
+            execution_provider: d.execution_provider,
+            intra_op_threads: d.intra_op_threads,
+            warmup: d.warmup,
+        }
+    }
+
+    pub fn grace_period(&self) -> Duration {
+        Duration::from_secs_f64(self.shutdown.grace_period_seconds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use figment::Jail;
+
+    #[test]
+    fn layers_file_then_env_then_cli() {
+        Jail::expect_with(|jail| {
+            jail.create_dir("config")?;
+            jail.create_file("config/sluice.toml", "[http]\nport = 9000\n[model_defaults]\nmax_batch_size = 8\n")?;
+            let cfg = Config::load(None, &CliOverrides::default()).unwrap();
+            assert_eq!(cfg.http.port, 9000);
+            assert_eq!(cfg.model_defaults.max_batch_size, 8);
+
+            jail.set_env("SLUICE_HTTP__PORT", "9100");
+            jail.set_env("SLUICE_MODEL_MAX_BATCH_SIZE", "16");
+            jail.set_env("SLUICE_MODEL_MAX_BATCH_TIME", "0.25");
+            let cfg = Config::load(None, &CliOverrides::default()).unwrap();
+            assert_eq!(cfg.http.port, 9100);
+            assert_eq!(cfg.model_defaults.max_batch_size, 16);
+            assert_eq!(cfg.model_defaults().max_batch_time, Duration::from_millis(250));
+
+            let cli = CliOverrides { http_port: Some(0), ..Default::default() };
+            assert_eq!(Config::load(None, &cli).unwrap().http.port, 0);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        Jail::expect_with(|jail| {
+            jail.create_file("x.toml", "[http]\nprot = 1\n")?;
+            let err = Config::load(Some(Path::new("x.toml")), &CliOverrides::default()).unwrap_err();
+            assert!(err.contains("prot"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn missing_explicit_file_is_an_error() {
+        let err = Config::load(Some(Path::new("/nonexistent/sluice.toml")), &CliOverrides::default());
+        assert!(err.unwrap_err().contains("does not exist"));
+    }
+
+    #[test]
+    fn validate_collects_every_problem() {
+        let mut cfg = Config::default();
+        cfg.model_defaults.max_batch_time = -1.0;
+        cfg.model_defaults.instances = 0;
+        let errs = cfg.validate().unwrap_err();
+        assert_eq!(errs.len(), 2, "{errs:?}");
+        assert!(errs[0].contains("max_batch_time") && errs[1].contains("instances"));
+        assert!(Config::default().validate().is_ok());
+    }
+}

@@ -1,0 +1,99 @@
+//! The domain error every request path returns, and its stable kind codes.
+//! No HTTP here: `http/error.rs` is the one place that maps a kind to a status
+//! (and the gRPC layer, later, to a gRPC code).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Why a request failed. Every message names what was wrong.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// No model of that name (or version) is in the registry.
+    #[error("model `{0}` not found")]
+    ModelNotFound(String),
+    /// Something else that does not exist (a model version, a route).
+    #[error("{0}")]
+    NotFound(String),
+    /// The model exists but does not take requests now (loading, failed, unloading).
+    #[error("model `{name}` is not ready: {reason}")]
+    ModelNotReady { name: String, reason: String },
+    /// The request is malformed or does not fit the model's signature.
+    #[error("{0}")]
+    InvalidInput(String),
+    /// The request body is larger than the server accepts.
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// The model's queue is full; retry after `retry_after`.
+    #[error("model `{model}` is overloaded: its queue holds {max_queue_size} requests (max_queue_size); retry later")]
+    Overloaded {
+        model: String,
+        max_queue_size: usize,
+        retry_after: Duration,
+    },
+    /// The request's deadline (`timeout`) passed before it was answered.
+    #[error("model `{model}`: request did not complete within its timeout of {timeout:?}")]
+    DeadlineExceeded { model: String, timeout: Duration },
+    /// ONNX Runtime failed while running the model.
+    #[error("model `{model}`: inference failed: {message}")]
+    Runtime { model: String, message: Arc<str> },
+    /// The feature exists in the protocol but not in sluice.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The server is draining and takes no new requests.
+    #[error("server is shutting down")]
+    ShuttingDown,
+}
+
+/// Stable, machine-readable error codes (what callers and metrics branch on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    ModelNotFound,
+    ModelNotReady,
+    InvalidInput,
+    PayloadTooLarge,
+    Overloaded,
+    DeadlineExceeded,
+    Runtime,
+    Unsupported,
+    ShuttingDown,
+}
+
+impl ErrorKind {
+    /// snake_case code, used in logs and as a bounded metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::ModelNotFound => "model_not_found",
+            ErrorKind::ModelNotReady => "model_not_ready",
+            ErrorKind::InvalidInput => "invalid_input",
+            ErrorKind::PayloadTooLarge => "payload_too_large",
+            ErrorKind::Overloaded => "overloaded",
+            ErrorKind::DeadlineExceeded => "deadline_exceeded",
+            ErrorKind::Runtime => "runtime",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::ShuttingDown => "shutting_down",
+        }
+    }
+}
+
+impl Error {
+    /// Shorthand for [`Error::InvalidInput`].
+    pub fn invalid(msg: impl Into<String>) -> Error {
+        Error::InvalidInput(msg.into())
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::ModelNotFound(_) | Error::NotFound(_) => ErrorKind::ModelNotFound,
+            Error::ModelNotReady { .. } => ErrorKind::ModelNotReady,
+            Error::InvalidInput(_) => ErrorKind::InvalidInput,
+            Error::PayloadTooLarge(_) => ErrorKind::PayloadTooLarge,
+            Error::Overloaded { .. } => ErrorKind::Overloaded,
+            Error::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
+            Error::Runtime { .. } => ErrorKind::Runtime,
+            Error::Unsupported(_) => ErrorKind::Unsupported,
+            Error::ShuttingDown => ErrorKind::ShuttingDown,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,45 @@
+//! The only place that knows HTTP status codes: one table from
+//! [`ErrorKind`] to status, and the `{"error": "..."}` body.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::error::{Error, ErrorKind};
+
+/// An [`Error`] on its way out as an HTTP response.
+#[derive(Debug)]
+pub struct ApiError(pub Error);
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        ApiError(e)
+    }
+}
+
+/// Status for each error kind (Triton's `HttpCodeFromError` for V2; SPEC §9).
+pub fn status_of(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::ModelNotFound => StatusCode::NOT_FOUND,
+        ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
+        ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorKind::Overloaded | ErrorKind::ModelNotReady | ErrorKind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
+        ErrorKind::Runtime => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = self.0.kind();
+        let status = status_of(kind);
+        tracing::debug!(kind = kind.as_str(), status = status.as_u16(), error = %self.0, "request failed");
+        let mut resp = (status, Json(serde_json::json!({ "error": self.0.to_string() }))).into_response();
+        if let Error::Overloaded { retry_after, .. } = &self.0 {
+            let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}

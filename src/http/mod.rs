@@ -1,0 +1,86 @@
+//! HTTP front end (axum). Handlers only translate: body → `protocol` →
+//! registry → model → `protocol` → response. Status codes are decided in
+//! `error.rs` alone.
+
+mod error;
+mod health;
+mod v1;
+mod v2;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::Router;
+
+pub use error::{status_of, ApiError};
+
+use crate::error::Error;
+use crate::repository::Registry;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    /// Read-only view of the models; the repository writes it.
+    pub registry: Arc<Registry>,
+    /// True once the start-up load finished, false again from the moment
+    /// shutdown begins. Written by `lib::Server`; read by `/v2/health/ready`.
+    pub ready: Arc<AtomicBool>,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+}
+
+impl AppState {
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+}
+
+/// All routes of the HTTP port.
+pub fn router(state: AppState) -> Router {
+    let limit = state.max_body_bytes;
+    Router::new()
+        .route("/v1/models", get(v1::list))
+        // `{spec}` is `name` (GET: status) or `name:predict` (POST).
+        .route("/v1/models/{spec}", get(v1::status).post(v1::predict))
+        .route("/v2", get(v2::server_metadata))
+        .route("/v2/health/live", get(health::live))
+        .route("/v2/health/ready", get(health::ready))
+        .route("/v2/models/{name}", get(v2::model_metadata))
+        .route("/v2/models/{name}/versions/{version}", get(v2::model_metadata))
+        .route("/v2/models/{name}/ready", get(v2::model_ready))
+        .route("/v2/models/{name}/versions/{version}/ready", get(v2::model_ready))
+        .route("/v2/models/{name}/infer", post(v2::infer))
+        .route("/v2/models/{name}/versions/{version}/infer", post(v2::infer))
+        .route("/v2/repository/index", post(v2::repository_index))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError(Error::NotFound(format!("no route for {uri}")))
+}
+
+/// The request body, or the error naming why it could not be read (413 when
+/// it is over `http.max_body_bytes`).
+pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
+    body.map_err(|rej| {
+        if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError(Error::PayloadTooLarge(format!(
+                "request body is larger than the limit of {limit} bytes (http.max_body_bytes)"
+            )))
+        } else {
+            ApiError(Error::invalid(format!("cannot read the request body: {rej}")))
+        }
+    })
+}
+
+/// Parses a JSON body, naming where it is invalid.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| ApiError(Error::invalid(format!("invalid JSON body: {e}"))))
+}

@@ -1,0 +1,53 @@
+//! KServe V1 REST handlers: `/v1/models`, `/v1/models/{name}`, `:predict`.
+
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::{body_bytes, parse_json, ApiError, AppState};
+use crate::error::Error;
+use crate::model::state::ModelState;
+use crate::protocol::v1;
+
+/// `GET /v1/models`: the names of every model in the repository.
+pub async fn list(State(state): State<AppState>) -> Json<Value> {
+    let names: Vec<String> = state.registry.list().into_iter().map(|e| e.name).collect();
+    Json(json!({ "models": names }))
+}
+
+/// `GET /v1/models/{name}`: `{"name", "ready"}` (and `reason` when not ready).
+pub async fn status(State(state): State<AppState>, Path(spec): Path<String>) -> Result<Json<Value>, ApiError> {
+    let entry = state.registry.get(&spec).ok_or_else(|| Error::ModelNotFound(spec.clone()))?;
+    let ready = entry.state == ModelState::Ready;
+    let mut body = json!({ "name": entry.name, "ready": ready });
+    if let Some(reason) = entry.state.reason().filter(|_| !ready) {
+        body["reason"] = json!(reason);
+    }
+    Ok(Json(body))
+}
+
+/// `POST /v1/models/{name}:predict` with `{"instances": [...]}`.
+pub async fn predict(
+    State(state): State<AppState>,
+    Path(spec): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<v1::PredictResponse>, ApiError> {
+    let arrival = Instant::now();
+    let name = match spec.rsplit_once(':') {
+        Some((name, "predict")) => name,
+        Some((_, verb)) => {
+            return Err(Error::NotFound(format!("unknown V1 verb `:{verb}` (supported: `:predict`)")).into());
+        }
+        None => return Err(Error::NotFound(format!("POST /v1/models/{spec}: did you mean /v1/models/{spec}:predict?")).into()),
+    };
+    let bytes = body_bytes(body, state.max_body_bytes)?;
+    let model = state.registry.ready(name, None)?;
+    let value: Value = parse_json(&bytes)?;
+    let req = v1::decode(value, &model.signature)?;
+    let resp = model.infer(req, arrival).await?;
+    Ok(Json(v1::encode(&resp)))
+}

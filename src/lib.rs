@@ -1,0 +1,130 @@
+//! sluice: a multi-model ONNX inference server.
+//!
+//! Layers, top to bottom (each uses only those below it):
+//! `main` → [`Server`] (wiring) → [`http`] (translate only) → [`repository`]
+//! (scan, load, the registry) → [`model`] (a model's handle, settings,
+//! state) → [`batcher`] → [`pool`] (sessions on dedicated threads) →
+//! [`runtime`] (ONNX Runtime) → [`protocol`], [`tensor`], [`config`], [`error`].
+//!
+//! Data flow of one request: an HTTP handler decodes the body into a
+//! [`protocol::InferRequest`], takes the model's `Arc<ModelHandle>` from the
+//! registry, and awaits `ModelHandle::infer`, which validates the request
+//! against the ONNX signature and hands it to the model's batcher; the
+//! batcher sends batches to the model's session threads and returns each
+//! request its own outputs.
+
+pub mod batcher;
+pub mod config;
+pub mod error;
+pub mod http;
+pub mod model;
+pub mod pool;
+pub mod protocol;
+pub mod repository;
+pub mod runtime;
+pub mod shutdown;
+pub mod tensor;
+
+use std::future::{Future, IntoFuture};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+
+use config::Config;
+use http::AppState;
+use repository::Repository;
+use runtime::Runtime;
+
+/// A bound, not yet serving, sluice server.
+pub struct Server {
+    config: Config,
+    listener: TcpListener,
+    repository: Arc<Repository>,
+    state: AppState,
+}
+
+impl Server {
+    /// Binds the HTTP port (port 0 picks a free one). Models load once
+    /// [`Server::run`] starts, while the port already answers liveness.
+    pub async fn bind(config: Config, runtime: Arc<dyn Runtime>) -> anyhow::Result<Server> {
+        let addr = SocketAddr::new(config.http.host, config.http.port);
+        let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        let repository =
+            Arc::new(Repository::new(config.model_repository.path.clone(), config.model_defaults(), runtime));
+        let state = AppState {
+            registry: repository.registry(),
+            ready: Arc::new(AtomicBool::new(false)),
+            max_body_bytes: config.http.max_body_bytes,
+        };
+        Ok(Server { config, listener, repository, state })
+    }
+
+    /// The address the HTTP port is bound to.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("a bound listener has an address")
+    }
+
+    /// Loads the repository and serves until `shutdown` completes; then
+    /// readiness turns false, no new connection is accepted, and accepted
+    /// requests get `shutdown.grace_period_seconds` to finish.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+        let Server { config, listener, repository, state } = self;
+        tracing::info!(http = %listener.local_addr()?, repository = %repository.root().display(), "sluice listening");
+        tracing::info!(grpc_port = config.grpc.port, "gRPC is not served yet; the port is reserved");
+
+        // `true` once shutdown has begun. The sender lives in the task that
+        // awaits `shutdown`; the loader, the HTTP server and the drain
+        // timer below each hold a receiver.
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let ready = state.ready.clone();
+        let loader = tokio::spawn({
+            let repository = repository.clone();
+            let ready = ready.clone();
+            let stop = stop_rx.clone();
+            async move {
+                match repository.load_all().await {
+                    Ok(()) if !*stop.borrow() => ready.store(true, Ordering::Release),
+                    Ok(()) => {}
+                    Err(e) => tracing::error!(error = %e, "cannot read the model repository"),
+                }
+            }
+        });
+        tokio::spawn({
+            let ready = ready.clone();
+            async move {
+                shutdown.await;
+                // Readiness turns false before anything else, so load
+                // balancers stop sending while accepted requests finish.
+                ready.store(false, Ordering::Release);
+                let _ = stop_tx.send(true);
+            }
+        });
+
+        let mut graceful = stop_rx.clone();
+        let serve = axum::serve(listener, http::router(state))
+            .with_graceful_shutdown(async move {
+                let _ = graceful.wait_for(|stopping| *stopping).await;
+            })
+            .into_future();
+        let mut drain = stop_rx;
+        let grace = config.grace_period();
+        let result = tokio::select! {
+            // The server stops by itself once shutdown began and every
+            // accepted request was answered.
+            r = serve => r.context("HTTP server failed"),
+            _ = async {
+                let _ = drain.wait_for(|stopping| *stopping).await;
+                tokio::time::sleep(grace).await;
+            } => {
+                tracing::warn!(grace_period = ?grace, "requests still open after the grace period; exiting anyway");
+                Ok(())
+            }
+        };
+        loader.abort();
+        tracing::info!("sluice stopped");
+        result
+    }
+}

@@ -1,0 +1,161 @@
+//! The `sluice` binary: parses the command line, loads the configuration,
+//! sets up logging and ONNX Runtime, and hands over to `sluice::Server`.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use sluice::config::{CliOverrides, Config};
+use sluice::runtime::onnx::{find_library, OnnxRuntime};
+use sluice::runtime::Runtime;
+
+/// sluice: serve every ONNX model folder of a model repository over KServe V1
+/// and the Open Inference Protocol (V2), each model behind its own batcher.
+///
+/// Configuration layers, lowest first: built-in defaults, config/sluice.toml
+/// (or --config), SLUICE_* environment variables (SLUICE_HTTP__PORT=9000),
+/// then these flags. Logging: RUST_LOG (default "info,ort=warn").
+#[derive(Parser, Debug)]
+#[command(name = "sluice", version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve the model repository over HTTP.
+    Serve {
+        /// Configuration file [default: config/sluice.toml if present].
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Folder holding one sub-folder per model [config: model_repository.path].
+        #[arg(long, value_name = "DIR")]
+        model_repository: Option<PathBuf>,
+        /// Address to listen on [config: http.host; default 0.0.0.0].
+        #[arg(long, value_name = "ADDR")]
+        host: Option<IpAddr>,
+        /// HTTP port; 0 picks a free one and logs it [config: http.port; default 8080].
+        #[arg(long, value_name = "N")]
+        http_port: Option<u16>,
+        /// gRPC port (reserved; gRPC is not served yet) [config: grpc.port; default 8081].
+        #[arg(long, value_name = "N")]
+        grpc_port: Option<u16>,
+        /// Path to libonnxruntime.so.1.31.x [config: runtime.onnxruntime_library;
+        /// else ORT_DYLIB_PATH, else .ort/ from scripts/fetch-onnxruntime.sh].
+        #[arg(long, value_name = "PATH")]
+        onnxruntime_library: Option<PathBuf>,
+    },
+    /// Validate one model folder (settings and ONNX file) and print its signature, without serving.
+    Check {
+        /// The model folder (holding model-settings.json).
+        dir: PathBuf,
+        /// Configuration file, for the server-wide model defaults.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Path to libonnxruntime.so.1.31.x (as for `serve`).
+        #[arg(long, value_name = "PATH")]
+        onnxruntime_library: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,ort=warn")))
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    match cli.command {
+        Command::Serve { config, model_repository, host, http_port, grpc_port, onnxruntime_library } => {
+            let cli = CliOverrides { model_repository, host, http_port, grpc_port, onnxruntime_library };
+            serve(config.as_deref(), &cli)
+        }
+        Command::Check { dir, config, onnxruntime_library } => {
+            let cli = CliOverrides { onnxruntime_library, ..Default::default() };
+            check(&dir, config.as_deref(), &cli)
+        }
+    }
+}
+
+/// Prints one line to stderr and returns exit code 2.
+fn fail(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {msg}");
+    ExitCode::from(2)
+}
+
+fn load_config(file: Option<&Path>, cli: &CliOverrides) -> Result<Config, String> {
+    let cfg = Config::load(file, cli)?;
+    cfg.validate().map_err(|errs| format!("invalid configuration: {}", errs.join("; ")))?;
+    Ok(cfg)
+}
+
+fn runtime(cfg: &Config) -> Result<OnnxRuntime, String> {
+    let lib = find_library(cfg.runtime.onnxruntime_library.as_deref()).map_err(|e| e.to_string())?;
+    let rt = OnnxRuntime::init(&lib, cfg.runtime.intra_op_spinning).map_err(|e| e.to_string())?;
+    tracing::info!(library = %lib.display(), "ONNX Runtime loaded");
+    Ok(rt)
+}
+
+fn serve(file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
+    let cfg = match load_config(file, cli) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    tracing::info!(config = ?cfg, "effective configuration");
+    let rt = match runtime(&cfg) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let tokio = match tokio::runtime::Runtime::new() {
+        Ok(t) => t,
+        Err(e) => return fail(format!("cannot start the async runtime: {e}")),
+    };
+    let result = tokio.block_on(async move {
+        let server = sluice::Server::bind(cfg, Arc::new(rt)).await?;
+        server.run(sluice::shutdown::signal()).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(format!("{e:#}")),
+    }
+}
+
+fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
+    let cfg = match load_config(file, cli) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let settings = match sluice::repository::scan::read_settings(dir, &cfg.model_defaults()) {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    let rt = match runtime(&cfg) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let path = dir.join(&settings.uri);
+    let loaded = match rt.load(&settings.name, &path, &settings) {
+        Ok(l) => l,
+        Err(e) => return fail(format!("model `{}`: {e}", settings.name)),
+    };
+    println!("model {} OK ({})", settings.name, path.display());
+    println!("provider: {}", loaded.provider_reason);
+    let batching = if loaded.signature.batchable() { "dynamic dim 0: batches across requests" } else { "fixed dim 0: batching off" };
+    println!("batching: {batching}");
+    for (kind, specs) in [("input", &loaded.signature.inputs), ("output", &loaded.signature.outputs)] {
+        for t in specs.iter() {
+            println!("{kind:<6} {:<24} {:<6} {:?}", t.name, t.dtype.as_str(), t.shape);
+        }
+    }
+    match serde_json::to_string_pretty(&settings) {
+        Ok(json) => println!("settings: {json}"),
+        Err(e) => return fail(format!("cannot print settings: {e}")),
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,56 @@
+//! A loaded model: its settings, its ONNX signature, and the path a request
+//! takes through it (validate → batcher → pool → split outputs).
+
+pub mod settings;
+pub mod state;
+
+use std::time::Instant;
+
+use crate::batcher::Batcher;
+use crate::error::{Error, Result};
+use crate::protocol::{self, InferRequest, InferResponse};
+use crate::tensor::Signature;
+use settings::ModelSettings;
+
+/// Everything a request needs to run on one version of a model. Shared as
+/// `Arc<ModelHandle>`: a request holds its own `Arc`, so a reload or unload
+/// that replaces the registry entry never pulls the model out from under it.
+pub struct ModelHandle {
+    pub name: String,
+    pub settings: ModelSettings,
+    pub signature: Signature,
+    /// Why the execution provider was chosen (shown by `sluice check`, logged at load).
+    pub provider_reason: String,
+    batcher: Batcher,
+}
+
+impl ModelHandle {
+    pub fn new(name: String, settings: ModelSettings, signature: Signature, provider_reason: String, batcher: Batcher) -> Self {
+        ModelHandle { name, settings, signature, provider_reason, batcher }
+    }
+
+    pub fn version(&self) -> Option<&str> {
+        self.settings.version.as_deref()
+    }
+
+    /// Validates `req` against the signature and runs it. The deadline
+    /// (`timeout`) counts from `arrival`, queueing included.
+    pub async fn infer(&self, mut req: InferRequest, arrival: Instant) -> Result<InferResponse> {
+        protocol::validate(&mut req, &self.name, &self.signature)?;
+        if req.rows() == 0 {
+            return Err(Error::invalid(format!("model `{}`: the request has 0 rows in dim 0", self.name)));
+        }
+        let outputs: Vec<String> = match &req.outputs {
+            Some(names) => names.clone(),
+            None => self.signature.outputs.iter().map(|o| o.name.clone()).collect(),
+        };
+        let (tensors, batch_id) = self.batcher.submit(req.inputs, outputs, arrival).await?;
+        Ok(InferResponse {
+            model_name: self.name.clone(),
+            model_version: self.settings.version.clone(),
+            id: req.id,
+            outputs: tensors,
+            batch_id,
+        })
+    }
+}

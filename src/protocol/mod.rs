@@ -1,0 +1,461 @@
+//! Protocol-independent requests and responses, and what the wire protocols
+//! share: checking a request against a model's signature ([`validate`]) and
+//! converting JSON values to typed elements and back. `v1` and `v2` translate
+//! their wire shapes into [`InferRequest`] and out of [`InferResponse`]; the
+//! rest of the server sees only these types. Pure: serde and data, no I/O.
+
+pub mod v1;
+pub mod v2;
+
+use serde_json::Value;
+
+use crate::error::Error;
+use crate::tensor::{DataType, Signature, Tensor, TensorData};
+
+/// A decoded inference request, independent of protocol.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InferRequest {
+    /// The client's request id, echoed in the response.
+    pub id: Option<String>,
+    /// The input tensors; in signature order once [`validate`] has run.
+    pub inputs: Vec<Tensor>,
+    /// Requested output names; `None` = all of the model's outputs.
+    pub outputs: Option<Vec<String>>,
+}
+
+/// The answer to one [`InferRequest`], independent of protocol.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InferResponse {
+    pub model_name: String,
+    pub model_version: Option<String>,
+    /// The request's id, echoed.
+    pub id: Option<String>,
+    /// This request's rows of each output.
+    pub outputs: Vec<Tensor>,
+    /// Id of the batch this request ran in (shared by every request of that batch).
+    pub batch_id: String,
+}
+
+impl InferRequest {
+    /// Rows (instances) in this request: dim 0 of the first input, 0 without inputs.
+    pub fn rows(&self) -> usize {
+        self.inputs.first().map_or(0, Tensor::rows)
+    }
+}
+
+/// `` `a`, `b` `` for messages that list the names a model accepts.
+fn names<'a>(names: impl IntoIterator<Item = &'a String>) -> String {
+    let list: Vec<String> = names.into_iter().map(|n| format!("`{n}`")).collect();
+    if list.is_empty() {
+        "none".to_string()
+    } else {
+        list.join(", ")
+    }
+}
+
+/// Checks a request against a model signature and puts `req.inputs` in
+/// signature order. Checks: no unknown or duplicate inputs, every signature
+/// input present, datatypes equal, ranks and fixed dims equal, and, when
+/// every input has a dynamic dim 0, the same non-zero dim 0 on all inputs;
+/// requested outputs exist and are not repeated. On error `req.inputs` is
+/// left partly consumed: answer the error, don't reuse the request.
+pub fn validate(req: &mut InferRequest, model: &str, sig: &Signature) -> Result<(), Error> {
+    let expected_inputs = || names(sig.inputs.iter().map(|s| &s.name));
+    for (i, t) in req.inputs.iter().enumerate() {
+        if sig.input(&t.name).is_none() {
+            return Err(Error::invalid(format!(
+                "model `{model}` has no input `{}`; its inputs are {}",
+                t.name,
+                expected_inputs()
+            )));
+        }
+        if req.inputs[..i].iter().any(|o| o.name == t.name) {
+            return Err(Error::invalid(format!(
+                "input `{}` is given more than once",
+                t.name
+            )));
+        }
+    }
+    let mut ordered = Vec::with_capacity(sig.inputs.len());
+    for spec in &sig.inputs {
+        let Some(pos) = req.inputs.iter().position(|t| t.name == spec.name) else {
+            return Err(Error::invalid(format!(
+                "model `{model}`: missing input `{}`; its inputs are {}",
+                spec.name,
+                expected_inputs()
+            )));
+        };
+        let t = req.inputs.swap_remove(pos);
+        if t.dtype() != spec.dtype {
+            return Err(Error::invalid(format!(
+                "input `{}`: expected datatype {}, got {}",
+                t.name,
+                spec.dtype,
+                t.dtype()
+            )));
+        }
+        let dims_ok = t.shape.len() == spec.shape.len()
+            && t.shape
+                .iter()
+                .zip(&spec.shape)
+                .all(|(&got, &want)| want < 0 || i64::try_from(got) == Ok(want));
+        if !dims_ok {
+            return Err(Error::invalid(format!(
+                "input `{}`: expected shape {:?}, got {:?}",
+                t.name, spec.shape, t.shape
+            )));
+        }
+        ordered.push(t);
+    }
+    req.inputs = ordered;
+
+    let batched = sig.inputs.iter().all(|s| s.shape.first() == Some(&-1));
+    if let (true, Some(first)) = (batched, req.inputs.first()) {
+        if first.shape[0] == 0 {
+            return Err(Error::invalid(format!(
+                "input `{}`: dim 0 is 0; a request needs at least one row",
+                first.name
+            )));
+        }
+        if let Some(other) = req.inputs.iter().find(|t| t.shape[0] != first.shape[0]) {
+            return Err(Error::invalid(format!(
+                "input `{}` has {} rows (dim 0) but input `{}` has {}; every input must have the same dim 0",
+                other.name, other.shape[0], first.name, first.shape[0]
+            )));
+        }
+    }
+
+    if let Some(outputs) = &req.outputs {
+        for (i, name) in outputs.iter().enumerate() {
+            if sig.output(name).is_none() {
+                return Err(Error::invalid(format!(
+                    "model `{model}` has no output `{name}`; its outputs are {}",
+                    names(sig.outputs.iter().map(|s| &s.name))
+                )));
+            }
+            if outputs[..i].contains(name) {
+                return Err(Error::invalid(format!(
+                    "output `{name}` is requested more than once"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A JSON value for an error message, cut short when long.
+fn show(v: &Value) -> String {
+    let s = v.to_string();
+    match s.char_indices().nth(40) {
+        Some((cut, _)) => format!("{}...", &s[..cut]),
+        None => s,
+    }
+}
+
+/// Converts JSON values to elements of `dtype`; `what` names the tensor in
+/// errors (e.g. "input `x`"). Float types take any number (ints included) and
+/// refuse values their type cannot hold; int types take integral numbers in
+/// range (1.5 is refused, 2.0 is 2); BOOL takes `true`/`false`; BYTES takes
+/// strings (their UTF-8 bytes).
+pub(crate) fn parse_elements(what: &str, dtype: DataType, values: &[&Value]) -> Result<TensorData, Error> {
+    let bad = |i: usize, v: &Value, expected: &str| {
+        Error::invalid(format!(
+            "{what}: element {i} is {}, expected {expected} for {dtype}",
+            show(v)
+        ))
+    };
+    let out_of_range = |i: usize, v: &Value| {
+        Error::invalid(format!(
+            "{what}: element {i} is {}, out of range for {dtype}",
+            show(v)
+        ))
+    };
+    let int = |i: usize, v: &Value| -> Result<i128, Error> {
+        let Value::Number(n) = v else {
+            return Err(bad(i, v, "an integer"));
+        };
+        if let Some(x) = n.as_i64() {
+            return Ok(x.into());
+        }
+        if let Some(x) = n.as_u64() {
+            return Ok(x.into());
+        }
+        let f = n.as_f64().unwrap_or(f64::NAN);
+        if !f.is_finite() || f.fract() != 0.0 {
+            return Err(bad(i, v, "an integer"));
+        }
+        if f.abs() >= 1e38 {
+            return Err(out_of_range(i, v));
+        }
+        Ok(f as i128)
+    };
+    let float = |i: usize, v: &Value| match v {
+        Value::Number(n) => n.as_f64().ok_or_else(|| bad(i, v, "a number")),
+        _ => Err(bad(i, v, "a number")),
+    };
+    macro_rules! each {
+        ($variant:ident, |$i:ident, $v:ident| $body:expr) => {
+            TensorData::$variant(
+                values
+                    .iter()
+                    .enumerate()
+                    .map(|($i, &$v)| $body)
+                    .collect::<Result<_, Error>>()?,
+            )
+        };
+    }
+    macro_rules! ints {
+        ($variant:ident) => {
+            each!($variant, |i, v| int(i, v)?
+                .try_into()
+                .map_err(|_| out_of_range(i, v)))
+        };
+    }
+    // A finite number that its type turns into infinity does not fit.
+    macro_rules! floats {
+        ($variant:ident, $conv:expr) => {
+            each!($variant, |i, v| {
+                let x = float(i, v)?;
+                let y = $conv(x);
+                if y.is_infinite() {
+                    Err(out_of_range(i, v))
+                } else {
+                    Ok(y)
+                }
+            })
+        };
+    }
+    Ok(match dtype {
+        DataType::Bool => each!(Bool, |i, v| v.as_bool().ok_or_else(|| bad(i, v, "true or false"))),
+        DataType::U8 => ints!(U8),
+        DataType::U16 => ints!(U16),
+        DataType::U32 => ints!(U32),
+        DataType::U64 => ints!(U64),
+        DataType::I8 => ints!(I8),
+        DataType::I16 => ints!(I16),
+        DataType::I32 => ints!(I32),
+        DataType::I64 => ints!(I64),
+        DataType::F16 => floats!(F16, half::f16::from_f64),
+        DataType::Bf16 => floats!(Bf16, half::bf16::from_f64),
+        DataType::F32 => floats!(F32, |x: f64| x as f32),
+        DataType::F64 => floats!(F64, |x: f64| x),
+        DataType::Bytes => each!(Bytes, |i, v| match v {
+            Value::String(s) => Ok(s.as_bytes().to_vec()),
+            _ => Err(bad(i, v, "a string")),
+        }),
+    })
+}
+
+/// A 32-bit float as JSON: its shortest decimal form (0.1, not
+/// 0.10000000149011612); NaN and infinities as `null`.
+fn f32_to_json(x: f32) -> Value {
+    if !x.is_finite() {
+        return Value::Null;
+    }
+    let wide: f64 = x.to_string().parse().unwrap_or(f64::from(x));
+    serde_json::Number::from_f64(wide).map_or(Value::Null, Value::Number)
+}
+
+/// Element `i` of `data` as JSON: FP16/BF16 as f32 numbers, BYTES as a string
+/// (lossy UTF-8), NaN and infinities as `null`. Panics if `i` is out of bounds.
+pub(crate) fn element_to_json(data: &TensorData, i: usize) -> Value {
+    match data {
+        TensorData::Bool(v) => Value::Bool(v[i]),
+        TensorData::U8(v) => v[i].into(),
+        TensorData::U16(v) => v[i].into(),
+        TensorData::U32(v) => v[i].into(),
+        TensorData::U64(v) => v[i].into(),
+        TensorData::I8(v) => v[i].into(),
+        TensorData::I16(v) => v[i].into(),
+        TensorData::I32(v) => v[i].into(),
+        TensorData::I64(v) => v[i].into(),
+        TensorData::F16(v) => f32_to_json(v[i].to_f32()),
+        TensorData::Bf16(v) => f32_to_json(v[i].to_f32()),
+        TensorData::F32(v) => f32_to_json(v[i]),
+        TensorData::F64(v) => serde_json::Number::from_f64(v[i]).map_or(Value::Null, Value::Number),
+        TensorData::Bytes(v) => Value::String(String::from_utf8_lossy(&v[i]).into_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::TensorSpec;
+    use serde_json::json;
+
+    fn parse(dtype: DataType, values: Value) -> Result<TensorData, Error> {
+        let values: Vec<&Value> = values.as_array().unwrap().iter().collect();
+        parse_elements("input `x`", dtype, &values)
+    }
+
+    fn err(r: Result<impl std::fmt::Debug, Error>) -> String {
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::InvalidInput, "{e}");
+        e.to_string()
+    }
+
+    #[test]
+    fn every_datatype_round_trips_through_json() {
+        let cases = [
+            (DataType::Bool, json!([true, false])),
+            (DataType::U8, json!([0, 255])),
+            (DataType::U16, json!([0, 65535])),
+            (DataType::U32, json!([0, 4294967295u32])),
+            (DataType::U64, json!([0, u64::MAX])),
+            (DataType::I8, json!([-128, 127])),
+            (DataType::I16, json!([-32768, 32767])),
+            (DataType::I32, json!([i32::MIN, i32::MAX])),
+            (DataType::I64, json!([i64::MIN, i64::MAX])),
+            (DataType::F16, json!([0.5, -2.0])),
+            (DataType::Bf16, json!([0.5, -2.0])),
+            (DataType::F32, json!([0.1, -2.5])),
+            (DataType::F64, json!([0.1, 1e300])),
+            (DataType::Bytes, json!(["héllo", ""])),
+        ];
+        for (dtype, values) in cases {
+            let data = parse(dtype, values.clone()).unwrap();
+            assert_eq!(data.dtype(), dtype);
+            let back: Vec<Value> = (0..data.len()).map(|i| element_to_json(&data, i)).collect();
+            assert_eq!(Value::Array(back), values, "{dtype}");
+        }
+    }
+
+    #[test]
+    fn ints_are_accepted_for_floats_and_integral_floats_for_ints() {
+        assert_eq!(
+            parse(DataType::F32, json!([1, 2])).unwrap(),
+            TensorData::F32(vec![1.0, 2.0])
+        );
+        assert_eq!(
+            parse(DataType::I32, json!([2.0])).unwrap(),
+            TensorData::I32(vec![2])
+        );
+    }
+
+    #[test]
+    fn float_for_int_is_refused() {
+        let m = err(parse(DataType::I32, json!([1, 1.5])));
+        assert_eq!(m, "input `x`: element 1 is 1.5, expected an integer for INT32");
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused() {
+        let m = err(parse(DataType::U8, json!([1, 2, 3, 4, 300])));
+        assert_eq!(m, "input `x`: element 4 is 300, out of range for UINT8");
+        assert!(err(parse(DataType::U64, json!([-1]))).contains("out of range for UINT64"));
+        assert!(err(parse(DataType::F16, json!([70000]))).contains("out of range for FP16"));
+        assert!(err(parse(DataType::F32, json!([1e300]))).contains("out of range for FP32"));
+    }
+
+    #[test]
+    fn wrong_json_types_are_refused() {
+        let m = err(parse(DataType::F32, json!([1.0, "abc"])));
+        assert_eq!(m, "input `x`: element 1 is \"abc\", expected a number for FP32");
+        assert!(err(parse(DataType::Bool, json!([1]))).contains("expected true or false for BOOL"));
+        assert!(err(parse(DataType::Bytes, json!([1]))).contains("expected a string for BYTES"));
+        assert!(err(parse(DataType::F64, json!([null]))).contains("element 0 is null"));
+    }
+
+    #[test]
+    fn non_finite_floats_encode_as_null() {
+        let data = TensorData::F32(vec![f32::NAN, f32::INFINITY, 1.0]);
+        assert_eq!(element_to_json(&data, 0), Value::Null);
+        assert_eq!(element_to_json(&data, 1), Value::Null);
+        assert_eq!(element_to_json(&data, 2), json!(1.0));
+    }
+
+    fn sig() -> Signature {
+        let spec = |name: &str, dtype, shape: &[i64]| TensorSpec {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+        };
+        Signature {
+            inputs: vec![
+                spec("x", DataType::F32, &[-1, 3]),
+                spec("m", DataType::I64, &[-1]),
+            ],
+            outputs: vec![spec("y", DataType::F32, &[-1]), spec("z", DataType::F32, &[-1])],
+        }
+    }
+
+    fn x(rows: usize) -> Tensor {
+        Tensor::new("x", vec![rows, 3], TensorData::F32(vec![0.0; rows * 3])).unwrap()
+    }
+
+    fn m(rows: usize) -> Tensor {
+        Tensor::new("m", vec![rows], TensorData::I64(vec![0; rows])).unwrap()
+    }
+
+    fn check(inputs: Vec<Tensor>, outputs: Option<Vec<&str>>) -> Result<InferRequest, Error> {
+        let outputs = outputs.map(|o| o.into_iter().map(String::from).collect());
+        let mut req = InferRequest {
+            id: None,
+            inputs,
+            outputs,
+        };
+        validate(&mut req, "mdl", &sig()).map(|()| req)
+    }
+
+    #[test]
+    fn validate_reorders_inputs_into_signature_order() {
+        let req = check(vec![m(2), x(2)], Some(vec!["z"])).unwrap();
+        assert_eq!(req.inputs, vec![x(2), m(2)]);
+        assert_eq!(req.rows(), 2);
+    }
+
+    #[test]
+    fn validate_names_missing_unknown_and_duplicate_inputs() {
+        assert_eq!(
+            err(check(vec![x(1)], None)),
+            "model `mdl`: missing input `m`; its inputs are `x`, `m`"
+        );
+        let mut w = m(1);
+        w.name = "w".into();
+        assert_eq!(
+            err(check(vec![x(1), w], None)),
+            "model `mdl` has no input `w`; its inputs are `x`, `m`"
+        );
+        assert_eq!(
+            err(check(vec![x(1), x(1), m(1)], None)),
+            "input `x` is given more than once"
+        );
+    }
+
+    #[test]
+    fn validate_checks_dtype_and_shape() {
+        let bad = Tensor::new("m", vec![1], TensorData::I32(vec![0])).unwrap();
+        assert_eq!(
+            err(check(vec![x(1), bad], None)),
+            "input `m`: expected datatype INT64, got INT32"
+        );
+        let bad = Tensor::new("x", vec![2, 4], TensorData::F32(vec![0.0; 8])).unwrap();
+        assert_eq!(
+            err(check(vec![bad, m(2)], None)),
+            "input `x`: expected shape [-1, 3], got [2, 4]"
+        );
+        let bad = Tensor::new("x", vec![6], TensorData::F32(vec![0.0; 6])).unwrap();
+        assert_eq!(
+            err(check(vec![bad, m(6)], None)),
+            "input `x`: expected shape [-1, 3], got [6]"
+        );
+    }
+
+    #[test]
+    fn validate_checks_dim0_across_inputs() {
+        let m = err(check(vec![x(2), m(3)], None));
+        assert_eq!(
+            m,
+            "input `m` has 3 rows (dim 0) but input `x` has 2; every input must have the same dim 0"
+        );
+        assert!(err(check(vec![x(0), self::m(0)], None)).contains("dim 0 is 0"));
+    }
+
+    #[test]
+    fn validate_checks_requested_outputs() {
+        let m = err(check(vec![x(1), m(1)], Some(vec!["q"])));
+        assert_eq!(m, "model `mdl` has no output `q`; its outputs are `y`, `z`");
+        let m = err(check(vec![x(1), self::m(1)], Some(vec!["y", "y"])));
+        assert_eq!(m, "output `y` is requested more than once");
+    }
+}

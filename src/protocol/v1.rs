@@ -1,0 +1,379 @@
+//! The KServe V1 protocol: `{"instances": [...]}` in, `{"predictions": [...],
+//! "batchId": "..."}` out, one instance per row. V1 carries no datatypes or
+//! shapes, so decoding takes them from the model's signature (datatypes) and
+//! from the instances' nesting (row shape).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{element_to_json, parse_elements, InferRequest, InferResponse};
+use crate::error::Error;
+use crate::tensor::{Signature, Tensor, TensorData, TensorSpec};
+
+/// Body of `POST /v1/models/{name}:predict`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PredictRequest {
+    /// One entry per row: an input's row, or an object keyed by input name.
+    pub instances: Vec<Value>,
+}
+
+/// Body of a successful predict response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PredictResponse {
+    /// One entry per row: the output's row, or an object keyed by output name.
+    pub predictions: Vec<Value>,
+    /// Id of the batch the request ran in; equal for requests batched together.
+    #[serde(rename = "batchId")]
+    pub batch_id: String,
+}
+
+impl PredictRequest {
+    /// Reads a request body, with a clear message when `instances` is missing or not an array.
+    pub fn from_value(body: Value) -> Result<Self, Error> {
+        if let Value::Object(mut map) = body {
+            if let Some(Value::Array(instances)) = map.remove("instances") {
+                return Ok(PredictRequest { instances });
+            }
+        }
+        Err(Error::invalid(
+            "request body must be a JSON object with an `instances` array",
+        ))
+    }
+}
+
+/// The dims of `v` read along its first elements: `[]` for a scalar.
+fn shape_of(mut v: &Value) -> Vec<usize> {
+    let mut shape = Vec::new();
+    while let Value::Array(items) = v {
+        shape.push(items.len());
+        match items.first() {
+            Some(first) => v = first,
+            None => break,
+        }
+    }
+    shape
+}
+
+/// Pushes the leaves of `v`, row-major; false when `v` is not a rectangular array of `shape`.
+fn collect<'a>(v: &'a Value, shape: &[usize], out: &mut Vec<&'a Value>) -> bool {
+    match (shape.split_first(), v) {
+        (None, Value::Array(_)) => false,
+        (None, leaf) => {
+            out.push(leaf);
+            true
+        }
+        (Some((&n, rest)), Value::Array(items)) => {
+            items.len() == n && items.iter().all(|item| collect(item, rest, out))
+        }
+        (Some(_), _) => false,
+    }
+}
+
+/// Stacks one input's rows (one per instance) into a tensor of shape `[rows, ...row shape]`.
+fn stack(spec: &TensorSpec, rows: &[&Value]) -> Result<Tensor, Error> {
+    let row_shape = shape_of(rows[0]);
+    let row_len: usize = row_shape.iter().product();
+    let mut data = TensorData::with_capacity(spec.dtype, rows.len().saturating_mul(row_len));
+    let mut leaves = Vec::with_capacity(row_len);
+    for (i, row) in rows.iter().enumerate() {
+        let what = format!("instance {i} of input `{}`", spec.name);
+        let shape = shape_of(row);
+        if shape != row_shape {
+            return Err(Error::invalid(format!(
+                "{what} has shape {shape:?}, instance 0 has {row_shape:?}"
+            )));
+        }
+        leaves.clear();
+        if !collect(row, &shape, &mut leaves) {
+            return Err(Error::invalid(format!(
+                "{what} is ragged: its sub-arrays differ in length (expected shape {shape:?})"
+            )));
+        }
+        data.extend_from(&parse_elements(&what, spec.dtype, &leaves)?);
+    }
+    let mut shape = vec![rows.len()];
+    shape.extend(row_shape);
+    Ok(Tensor {
+        name: spec.name.clone(),
+        shape,
+        data,
+    })
+}
+
+/// Decodes a V1 body into one row per instance. A single-input model takes
+/// the input's row itself (a scalar for a rank-1 input, nested arrays for
+/// higher ranks) or `{"<input>": row}`; a multi-input model takes an object
+/// keyed by input name. Datatypes come from `sig`; [`super::validate`] then
+/// checks shapes.
+pub fn decode(body: Value, sig: &Signature) -> Result<InferRequest, Error> {
+    let PredictRequest { instances } = PredictRequest::from_value(body)?;
+    if instances.is_empty() {
+        return Err(Error::invalid("`instances` is empty; send at least one instance"));
+    }
+    let expected = || {
+        sig.inputs
+            .iter()
+            .map(|s| format!("`{}`", s.name))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    // rows[k][i]: input k's row in instance i.
+    let mut rows: Vec<Vec<&Value>> = vec![Vec::with_capacity(instances.len()); sig.inputs.len()];
+    for (i, inst) in instances.iter().enumerate() {
+        match inst {
+            Value::Object(obj) => {
+                if let Some(key) = obj.keys().find(|k| sig.input(k).is_none()) {
+                    return Err(Error::invalid(format!(
+                        "instance {i}: unknown input `{key}`; the model's inputs are {}",
+                        expected()
+                    )));
+                }
+                for (spec, rows) in sig.inputs.iter().zip(&mut rows) {
+                    let row = obj.get(&spec.name).ok_or_else(|| {
+                        Error::invalid(format!("instance {i}: missing input `{}`", spec.name))
+                    })?;
+                    rows.push(row);
+                }
+            }
+            row if sig.inputs.len() == 1 => rows[0].push(row),
+            _ => {
+                return Err(Error::invalid(format!(
+                    "instance {i}: the model has several inputs, so each instance must be an object keyed by \
+                     input name ({})",
+                    expected()
+                )))
+            }
+        }
+    }
+    let inputs = sig
+        .inputs
+        .iter()
+        .zip(&rows)
+        .map(|(spec, rows)| stack(spec, rows))
+        .collect::<Result<_, _>>()?;
+    Ok(InferRequest {
+        id: None,
+        inputs,
+        outputs: None,
+    })
+}
+
+/// Elements of `data` from `offset` as nested arrays of `shape` (a scalar for `[]`).
+fn nested(data: &TensorData, offset: usize, shape: &[usize]) -> Value {
+    match shape.split_first() {
+        None => element_to_json(data, offset),
+        Some((&n, rest)) => {
+            let stride: usize = rest.iter().product();
+            Value::Array((0..n).map(|k| nested(data, offset + k * stride, rest)).collect())
+        }
+    }
+}
+
+/// Row `i` of `t` (`null` past its last row, for an output with fewer rows than the others).
+fn row(t: &Tensor, i: usize) -> Value {
+    if i >= t.rows() {
+        return Value::Null;
+    }
+    nested(&t.data, i * t.row_len(), t.shape.get(1..).unwrap_or(&[]))
+}
+
+/// Encodes a response: one prediction per row, the output's row for a
+/// single-output model, else an object keyed by output name.
+pub fn encode(resp: &InferResponse) -> PredictResponse {
+    let n = resp.outputs.iter().map(Tensor::rows).max().unwrap_or(0);
+    let predictions = match resp.outputs.as_slice() {
+        [only] => (0..n).map(|i| row(only, i)).collect(),
+        many => (0..n)
+            .map(|i| Value::Object(many.iter().map(|t| (t.name.clone(), row(t, i))).collect()))
+            .collect(),
+    };
+    PredictResponse {
+        predictions,
+        batch_id: resp.batch_id.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::DataType;
+    use serde_json::json;
+
+    fn spec(name: &str, dtype: DataType, shape: &[i64]) -> TensorSpec {
+        TensorSpec {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+        }
+    }
+
+    fn single(dtype: DataType, shape: &[i64]) -> Signature {
+        Signature {
+            inputs: vec![spec("x", dtype, shape)],
+            outputs: vec![],
+        }
+    }
+
+    fn multi() -> Signature {
+        let inputs = vec![
+            spec("a", DataType::F32, &[-1, 2]),
+            spec("b", DataType::I64, &[-1]),
+        ];
+        Signature {
+            inputs,
+            outputs: vec![],
+        }
+    }
+
+    fn tensor(name: &str, shape: &[usize], data: TensorData) -> Tensor {
+        Tensor::new(name, shape.to_vec(), data).unwrap()
+    }
+
+    fn err(body: Value, sig: &Signature) -> String {
+        decode(body, sig).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn single_input_rows_stack_along_dim0() {
+        let req = decode(
+            json!({"instances": [[[1, 2], [3, 4]], [[5, 6], [7, 8]]]}),
+            &single(DataType::F32, &[-1, 2, 2]),
+        );
+        let want = tensor(
+            "x",
+            &[2, 2, 2],
+            TensorData::F32(vec![1., 2., 3., 4., 5., 6., 7., 8.]),
+        );
+        assert_eq!(req.unwrap().inputs, vec![want]);
+    }
+
+    #[test]
+    fn single_rank1_input_takes_scalars() {
+        let req = decode(json!({"instances": ["a", "bc"]}), &single(DataType::Bytes, &[-1])).unwrap();
+        let want = tensor("x", &[2], TensorData::Bytes(vec![b"a".to_vec(), b"bc".to_vec()]));
+        assert_eq!(req.inputs, vec![want]);
+        assert_eq!(req.rows(), 2);
+    }
+
+    #[test]
+    fn single_input_accepts_the_keyed_form() {
+        let sig = single(DataType::Bool, &[-1, 2]);
+        let keyed = decode(json!({"instances": [{"x": [true, false]}]}), &sig).unwrap();
+        let bare = decode(json!({"instances": [[true, false]]}), &sig).unwrap();
+        assert_eq!(keyed, bare);
+        assert_eq!(bare.inputs[0].shape, vec![1, 2]);
+    }
+
+    #[test]
+    fn multi_input_instances_are_objects() {
+        let body = json!({"instances": [{"b": 1, "a": [0.5, 1]}, {"a": [2, 3], "b": 2}]});
+        let req = decode(body, &multi()).unwrap();
+        let a = tensor("a", &[2, 2], TensorData::F32(vec![0.5, 1., 2., 3.]));
+        let b = tensor("b", &[2], TensorData::I64(vec![1, 2]));
+        assert_eq!(req.inputs, vec![a, b]);
+    }
+
+    #[test]
+    fn multi_input_key_errors_name_the_instance() {
+        let m = err(
+            json!({"instances": [{"a": [1, 2], "b": 1}, {"a": [1, 2]}]}),
+            &multi(),
+        );
+        assert_eq!(m, "instance 1: missing input `b`");
+        let m = err(json!({"instances": [{"a": [1, 2], "b": 1, "c": 0}]}), &multi());
+        assert_eq!(
+            m,
+            "instance 0: unknown input `c`; the model's inputs are `a`, `b`"
+        );
+        let m = err(json!({"instances": [[1, 2]]}), &multi());
+        assert!(m.starts_with("instance 0: the model has several inputs"), "{m}");
+    }
+
+    #[test]
+    fn instances_must_share_a_row_shape() {
+        let body = json!({"instances": [[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4, 5]]});
+        let m = err(body, &single(DataType::F32, &[-1, 4]));
+        assert_eq!(m, "instance 3 of input `x` has shape [5], instance 0 has [4]");
+        let m = err(
+            json!({"instances": [[[1, 2], [3]]]}),
+            &single(DataType::F32, &[-1, 2, 2]),
+        );
+        assert!(m.starts_with("instance 0 of input `x` is ragged"), "{m}");
+    }
+
+    #[test]
+    fn element_errors_name_the_instance() {
+        let m = err(
+            json!({"instances": [[1, 2], [3, 300]]}),
+            &single(DataType::U8, &[-1, 2]),
+        );
+        assert_eq!(
+            m,
+            "instance 1 of input `x`: element 1 is 300, out of range for UINT8"
+        );
+    }
+
+    #[test]
+    fn missing_or_empty_instances_are_refused() {
+        let sig = single(DataType::F32, &[-1]);
+        let want = "request body must be a JSON object with an `instances` array";
+        assert_eq!(err(json!({"inputs": [1]}), &sig), want);
+        assert_eq!(err(json!([1, 2]), &sig), want);
+        assert_eq!(err(json!({"instances": 1}), &sig), want);
+        assert_eq!(
+            err(json!({"instances": []}), &sig),
+            "`instances` is empty; send at least one instance"
+        );
+    }
+
+    fn response(outputs: Vec<Tensor>) -> InferResponse {
+        InferResponse {
+            model_name: "m".into(),
+            model_version: None,
+            id: None,
+            outputs,
+            batch_id: "b7".into(),
+        }
+    }
+
+    #[test]
+    fn single_output_predictions_are_rows() {
+        let scalars = response(vec![tensor("y", &[3], TensorData::I64(vec![1, 2, 3]))]);
+        let wire = serde_json::to_value(encode(&scalars)).unwrap();
+        assert_eq!(wire, json!({"predictions": [1, 2, 3], "batchId": "b7"}));
+        let rows = response(vec![tensor(
+            "y",
+            &[2, 1, 2],
+            TensorData::F32(vec![0.1, 0.2, 0.3, 0.4]),
+        )]);
+        assert_eq!(
+            encode(&rows).predictions,
+            vec![json!([[0.1, 0.2]]), json!([[0.3, 0.4]])]
+        );
+    }
+
+    #[test]
+    fn multi_output_predictions_are_objects() {
+        let resp = response(vec![
+            tensor(
+                "label",
+                &[2],
+                TensorData::Bytes(vec![b"cat".to_vec(), b"dog".to_vec()]),
+            ),
+            tensor("p", &[2, 2], TensorData::F64(vec![0.9, 0.1, 0.2, 0.8])),
+        ]);
+        let want = vec![
+            json!({"label": "cat", "p": [0.9, 0.1]}),
+            json!({"label": "dog", "p": [0.2, 0.8]}),
+        ];
+        assert_eq!(encode(&resp).predictions, want);
+    }
+
+    #[test]
+    fn decode_then_encode_round_trips_rows() {
+        let body = json!({"instances": [[[1, 2]], [[3, 4]]]});
+        let req = decode(body.clone(), &single(DataType::I32, &[-1, 1, 2])).unwrap();
+        let pred = encode(&response(req.inputs));
+        assert_eq!(Value::Array(pred.predictions), body["instances"]);
+    }
+}

@@ -1,0 +1,464 @@
+//! The Open Inference Protocol (KServe V2) REST wire types and their
+//! conversions to and from [`InferRequest`] / [`InferResponse`]. JSON tensor
+//! data only: the binary tensor data extension is the HTTP layer's, and an
+//! input that uses it is refused here as unsupported.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::{element_to_json, parse_elements, InferRequest, InferResponse};
+use crate::error::Error;
+use crate::tensor::{DataType, Signature, Tensor, TensorSpec};
+
+/// Body of `POST /v2/models/{name}[/versions/{v}]/infer`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InferenceRequest {
+    /// Client's id, echoed in the response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Request parameters (e.g. `binary_data_output`); not interpreted yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Map<String, Value>>,
+    /// The input tensors.
+    pub inputs: Vec<RequestInput>,
+    /// The outputs wanted; all of the model's outputs when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outputs: Option<Vec<RequestOutput>>,
+}
+
+/// One input tensor of an [`InferenceRequest`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestInput {
+    pub name: String,
+    /// Dimensions; all must be non-negative.
+    pub shape: Vec<i64>,
+    /// Protocol datatype name (`"FP32"`, `"BYTES"`, ...).
+    pub datatype: String,
+    /// Per-input parameters; `binary_data_size` marks binary tensor data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Map<String, Value>>,
+    /// The elements, row-major, flat or nested. Absent (null) with binary data.
+    #[serde(default)]
+    pub data: Value,
+}
+
+/// One requested output of an [`InferenceRequest`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestOutput {
+    pub name: String,
+    /// Per-output parameters (e.g. `binary_data`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Map<String, Value>>,
+}
+
+/// Body of a successful infer response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InferenceResponse {
+    pub model_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_version: Option<String>,
+    /// The request's id, echoed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Map<String, Value>>,
+    /// The output tensors.
+    pub outputs: Vec<ResponseOutput>,
+}
+
+/// One output tensor of an [`InferenceResponse`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResponseOutput {
+    pub name: String,
+    pub shape: Vec<usize>,
+    /// Protocol datatype name.
+    pub datatype: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Map<String, Value>>,
+    /// The elements, flat, row-major.
+    pub data: Vec<Value>,
+}
+
+/// Body of `GET /v2`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServerMetadata {
+    pub name: String,
+    pub version: String,
+    /// Protocol extensions the server supports (`"binary_tensor_data"`, ...).
+    pub extensions: Vec<String>,
+}
+
+/// Body of `GET /v2/models/{name}[/versions/{v}]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelMetadata {
+    pub name: String,
+    pub versions: Vec<String>,
+    /// Always `"onnxruntime_onnx"`.
+    pub platform: String,
+    pub inputs: Vec<MetadataTensor>,
+    pub outputs: Vec<MetadataTensor>,
+}
+
+/// An input or output in [`ModelMetadata`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MetadataTensor {
+    pub name: String,
+    pub datatype: String,
+    /// Dimensions, `-1` where dynamic.
+    pub shape: Vec<i64>,
+}
+
+/// Body of every error response: `{"error": "..."}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+impl From<&Error> for ErrorBody {
+    fn from(e: &Error) -> Self {
+        ErrorBody { error: e.to_string() }
+    }
+}
+
+impl From<&TensorSpec> for MetadataTensor {
+    fn from(t: &TensorSpec) -> Self {
+        MetadataTensor {
+            name: t.name.clone(),
+            datatype: t.dtype.as_str().to_string(),
+            shape: t.shape.clone(),
+        }
+    }
+}
+
+impl ModelMetadata {
+    /// Metadata of a model from its signature; `versions` is empty without a version.
+    pub fn new(name: &str, version: Option<&str>, sig: &Signature) -> Self {
+        ModelMetadata {
+            name: name.to_string(),
+            versions: version.map(|v| vec![v.to_string()]).unwrap_or_default(),
+            platform: "onnxruntime_onnx".to_string(),
+            inputs: sig.inputs.iter().map(MetadataTensor::from).collect(),
+            outputs: sig.outputs.iter().map(MetadataTensor::from).collect(),
+        }
+    }
+}
+
+/// Collects the leaves of flat or nested arrays, row-major. The nesting need
+/// not match the shape (Triton accepts that too); only the count is checked.
+fn flatten<'a>(what: &str, v: &'a Value, out: &mut Vec<&'a Value>) -> Result<(), Error> {
+    match v {
+        Value::Array(items) => items.iter().try_for_each(|item| flatten(what, item, out)),
+        Value::Object(_) => Err(Error::invalid(format!(
+            "{what}: `data` holds an object; expected numbers, booleans or strings in (nested) arrays"
+        ))),
+        leaf => {
+            out.push(leaf);
+            Ok(())
+        }
+    }
+}
+
+fn decode_input(input: RequestInput) -> Result<Tensor, Error> {
+    let what = format!("input `{}`", input.name);
+    if input
+        .parameters
+        .as_ref()
+        .is_some_and(|p| p.contains_key("binary_data_size"))
+    {
+        return Err(Error::Unsupported(format!(
+            "{what}: binary tensor data (`binary_data_size`) is not supported on this endpoint; send `data` as JSON"
+        )));
+    }
+    let dtype = DataType::parse(&input.datatype).ok_or_else(|| {
+        let allowed: Vec<&str> = DataType::ALL.iter().map(|d| d.as_str()).collect();
+        Error::invalid(format!(
+            "{what}: unknown datatype \"{}\"; expected one of {}",
+            input.datatype,
+            allowed.join(", ")
+        ))
+    })?;
+    let mut shape = Vec::with_capacity(input.shape.len());
+    let mut count: usize = 1;
+    for &d in &input.shape {
+        let d = usize::try_from(d).map_err(|_| {
+            Error::invalid(format!(
+                "{what}: shape {:?} has a negative dimension",
+                input.shape
+            ))
+        })?;
+        count = count
+            .checked_mul(d)
+            .ok_or_else(|| Error::invalid(format!("{what}: shape {:?} is too large", input.shape)))?;
+        shape.push(d);
+    }
+    let leaves = match &input.data {
+        Value::Array(_) => {
+            let mut leaves = Vec::with_capacity(count.min(1 << 20));
+            flatten(&what, &input.data, &mut leaves)?;
+            leaves
+        }
+        Value::Null => return Err(Error::invalid(format!("{what}: `data` is missing"))),
+        other => {
+            return Err(Error::invalid(format!(
+                "{what}: `data` must be an array, got {}",
+                super::show(other)
+            )))
+        }
+    };
+    if leaves.len() != count {
+        return Err(Error::invalid(format!(
+            "{what}: shape {:?} needs {count} elements, got {}",
+            input.shape,
+            leaves.len()
+        )));
+    }
+    let data = parse_elements(&what, dtype, &leaves)?;
+    Ok(Tensor {
+        name: input.name,
+        shape,
+        data,
+    })
+}
+
+impl TryFrom<InferenceRequest> for InferRequest {
+    type Error = Error;
+
+    /// Decodes the wire request; [`super::validate`] then checks it against the model.
+    fn try_from(req: InferenceRequest) -> Result<Self, Error> {
+        // seam: request `parameters.binary_data_output` belongs to the binary extension (HTTP layer).
+        let inputs = req
+            .inputs
+            .into_iter()
+            .map(decode_input)
+            .collect::<Result<_, _>>()?;
+        // seam: an output's `parameters.binary_data` is accepted and ignored until the HTTP
+        // layer implements the binary extension; it will read it from the wire request.
+        let outputs = req.outputs.map(|outs| outs.into_iter().map(|o| o.name).collect());
+        Ok(InferRequest {
+            id: req.id,
+            inputs,
+            outputs,
+        })
+    }
+}
+
+impl From<&InferResponse> for InferenceResponse {
+    fn from(resp: &InferResponse) -> Self {
+        let outputs = resp
+            .outputs
+            .iter()
+            .map(|t| ResponseOutput {
+                name: t.name.clone(),
+                shape: t.shape.clone(),
+                datatype: t.dtype().as_str().to_string(),
+                parameters: None,
+                data: (0..t.data.len()).map(|i| element_to_json(&t.data, i)).collect(),
+            })
+            .collect();
+        InferenceResponse {
+            model_name: resp.model_name.clone(),
+            model_version: resp.model_version.clone(),
+            id: resp.id.clone(),
+            parameters: None,
+            outputs,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use crate::tensor::TensorData;
+    use serde_json::json;
+
+    fn decode(body: Value) -> Result<InferRequest, Error> {
+        InferRequest::try_from(serde_json::from_value::<InferenceRequest>(body).unwrap())
+    }
+
+    fn decode_err(body: Value) -> String {
+        let e = decode(body).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+        e.to_string()
+    }
+
+    fn one(shape: Value, datatype: &str, data: Value) -> Value {
+        json!({"inputs": [{"name": "x", "shape": shape, "datatype": datatype, "data": data}]})
+    }
+
+    #[test]
+    fn golden_request_decodes() {
+        let body: InferenceRequest =
+            serde_json::from_str(include_str!("../../tests/fixtures/v2/infer-request.json")).unwrap();
+        let req = InferRequest::try_from(body).unwrap();
+        assert_eq!(req.id.as_deref(), Some("42"));
+        assert_eq!(req.outputs, Some(vec!["y".to_string()]));
+        let x = Tensor::new(
+            "x",
+            vec![2, 3],
+            TensorData::F32(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.5]),
+        )
+        .unwrap();
+        let mask = Tensor::new("mask", vec![2, 2], TensorData::I64(vec![1, 0, 0, 1])).unwrap();
+        assert_eq!(req.inputs, vec![x, mask]);
+    }
+
+    #[test]
+    fn golden_bad_dtype_names_input_and_allowed_list() {
+        let body: InferenceRequest = serde_json::from_str(include_str!(
+            "../../tests/fixtures/v2/infer-request-bad-dtype.json"
+        ))
+        .unwrap();
+        let m = InferRequest::try_from(body).unwrap_err().to_string();
+        assert_eq!(
+            m,
+            "input `x`: unknown datatype \"FLOAT32\"; expected one of BOOL, UINT8, UINT16, UINT32, UINT64, \
+             INT8, INT16, INT32, INT64, FP16, BF16, FP32, FP64, BYTES"
+        );
+    }
+
+    #[test]
+    fn golden_response_encodes() {
+        let resp = InferResponse {
+            model_name: "mdl".into(),
+            model_version: Some("1".into()),
+            id: Some("42".into()),
+            outputs: vec![
+                Tensor::new("y", vec![2, 2], TensorData::F32(vec![0.1, 1.5, -2.0, 3.25])).unwrap(),
+                Tensor::new(
+                    "label",
+                    vec![2],
+                    TensorData::Bytes(vec![b"cat".to_vec(), b"dog".to_vec()]),
+                )
+                .unwrap(),
+            ],
+            batch_id: "b-1".into(),
+        };
+        let got = serde_json::to_value(InferenceResponse::from(&resp)).unwrap();
+        let want: Value =
+            serde_json::from_str(include_str!("../../tests/fixtures/v2/infer-response.json")).unwrap();
+        assert_eq!(got, want);
+        // The golden file parses back into the wire type.
+        assert_eq!(
+            serde_json::from_value::<InferenceResponse>(want)
+                .unwrap()
+                .outputs
+                .len(),
+            2
+        );
+    }
+
+    #[test]
+    fn nested_and_flat_data_decode_equal() {
+        let flat = decode(one(json!([2, 2]), "INT32", json!([1, 2, 3, 4]))).unwrap();
+        let nested = decode(one(json!([2, 2]), "INT32", json!([[1, 2], [3, 4]]))).unwrap();
+        // Nesting that does not follow the shape is fine when the count matches (as in Triton).
+        let odd = decode(one(json!([2, 2]), "INT32", json!([[1], [2, 3], 4]))).unwrap();
+        assert_eq!(flat, nested);
+        assert_eq!(flat, odd);
+    }
+
+    #[test]
+    fn every_datatype_round_trips_through_the_wire() {
+        let cases = [
+            ("BOOL", json!([true, false])),
+            ("UINT8", json!([0, 255])),
+            ("UINT16", json!([1, 65535])),
+            ("UINT32", json!([1, 4294967295u32])),
+            ("UINT64", json!([1, u64::MAX])),
+            ("INT8", json!([-128, 127])),
+            ("INT16", json!([-1, 32767])),
+            ("INT32", json!([-1, 7])),
+            ("INT64", json!([i64::MIN, 7])),
+            ("FP16", json!([0.25, -1.0])),
+            ("BF16", json!([0.25, -1.0])),
+            ("FP32", json!([0.1, -1.0])),
+            ("FP64", json!([0.1, -1.0])),
+            ("BYTES", json!(["a", "héllo"])),
+        ];
+        for (datatype, data) in cases {
+            let req = decode(one(json!([2]), datatype, data.clone())).unwrap();
+            let resp = InferResponse {
+                model_name: "m".into(),
+                model_version: None,
+                id: None,
+                outputs: req.inputs,
+                batch_id: "b".into(),
+            };
+            let wire = serde_json::to_value(InferenceResponse::from(&resp)).unwrap();
+            let want = json!({"model_name": "m", "outputs": [
+                {"name": "x", "shape": [2], "datatype": datatype, "data": data}]});
+            assert_eq!(wire, want, "{datatype}");
+        }
+    }
+
+    #[test]
+    fn count_mismatch_is_refused() {
+        let m = decode_err(one(json!([2, 3]), "FP32", json!([[1, 2, 3], [4, 5]])));
+        assert_eq!(m, "input `x`: shape [2, 3] needs 6 elements, got 5");
+    }
+
+    #[test]
+    fn bad_shapes_and_data_are_refused() {
+        let m = decode_err(one(json!([-1, 3]), "FP32", json!([1, 2, 3])));
+        assert_eq!(m, "input `x`: shape [-1, 3] has a negative dimension");
+        let m = decode_err(one(json!([1]), "FP32", json!(5)));
+        assert_eq!(m, "input `x`: `data` must be an array, got 5");
+        let m = decode_err(one(json!([1]), "FP32", json!([{"a": 1}])));
+        assert!(m.starts_with("input `x`: `data` holds an object"), "{m}");
+        let body = json!({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32"}]});
+        assert_eq!(decode_err(body), "input `x`: `data` is missing");
+        let m = decode_err(one(json!([u64::MAX / 2, 4]), "FP32", json!([1])));
+        assert!(m.ends_with("is too large"), "{m}");
+    }
+
+    #[test]
+    fn element_errors_name_the_input() {
+        let m = decode_err(one(json!([2]), "INT32", json!([1, 1.5])));
+        assert_eq!(m, "input `x`: element 1 is 1.5, expected an integer for INT32");
+        let m = decode_err(one(json!([2]), "FP32", json!([1, "2"])));
+        assert_eq!(m, "input `x`: element 1 is \"2\", expected a number for FP32");
+    }
+
+    #[test]
+    fn binary_data_inputs_are_unsupported_here() {
+        let body = json!({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32",
+            "parameters": {"binary_data_size": 8}}]});
+        let e = decode(body).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unsupported);
+        assert!(e.to_string().starts_with("input `x`: binary tensor data"), "{e}");
+    }
+
+    #[test]
+    fn requested_outputs_ignore_binary_data_for_now() {
+        let mut body = one(json!([1]), "FP32", json!([1]));
+        body["outputs"] = json!([{"name": "y", "parameters": {"binary_data": true}}, {"name": "z"}]);
+        assert_eq!(
+            decode(body).unwrap().outputs,
+            Some(vec!["y".to_string(), "z".to_string()])
+        );
+    }
+
+    #[test]
+    fn model_metadata_lists_the_signature() {
+        let sig = Signature {
+            inputs: vec![TensorSpec {
+                name: "x".into(),
+                dtype: DataType::F32,
+                shape: vec![-1, 3],
+            }],
+            outputs: vec![TensorSpec {
+                name: "y".into(),
+                dtype: DataType::I64,
+                shape: vec![-1],
+            }],
+        };
+        let meta = serde_json::to_value(ModelMetadata::new("mdl", Some("2"), &sig)).unwrap();
+        let want = json!({"name": "mdl", "versions": ["2"], "platform": "onnxruntime_onnx",
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],
+            "outputs": [{"name": "y", "datatype": "INT64", "shape": [-1]}]});
+        assert_eq!(meta, want);
+        let body = serde_json::to_value(ErrorBody::from(&Error::invalid("bad"))).unwrap();
+        assert_eq!(body, json!({"error": "bad"}));
+    }
+}

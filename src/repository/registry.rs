@@ -1,0 +1,71 @@
+//! The name → model map that request handlers read. Only the repository
+//! (its loading code, and later its one writer task) writes it; handlers take
+//! a cheap snapshot (`Arc<ModelHandle>`) and never hold the lock across an
+//! `.await`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use crate::error::Error;
+use crate::model::state::ModelState;
+use crate::model::ModelHandle;
+
+/// One model of the repository, ready or not.
+#[derive(Clone)]
+pub struct ModelEntry {
+    pub name: String,
+    /// The model's folder in the repository.
+    pub dir: PathBuf,
+    pub version: Option<String>,
+    pub state: ModelState,
+    /// Set when `state` is `Ready` (or `Unloading`: still draining).
+    pub handle: Option<Arc<ModelHandle>>,
+}
+
+/// Registry of every model the repository knows about.
+#[derive(Default)]
+pub struct Registry {
+    /// Written by the repository only; read by every handler. A std lock:
+    /// critical sections are a map lookup and an `Arc` clone, never an await.
+    models: RwLock<BTreeMap<String, ModelEntry>>,
+}
+
+impl Registry {
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// A snapshot of one entry.
+    pub fn get(&self, name: &str) -> Option<ModelEntry> {
+        self.models.read().expect("registry lock poisoned").get(name).cloned()
+    }
+
+    /// The model's handle if it serves, or the error a request should get.
+    /// `version`: the version asked for in the URL, if any.
+    pub fn ready(&self, name: &str, version: Option<&str>) -> Result<Arc<ModelHandle>, Error> {
+        let entry = self.get(name).ok_or_else(|| Error::ModelNotFound(name.to_string()))?;
+        if let Some(v) = version {
+            if entry.version.as_deref() != Some(v) {
+                let have = entry.version.as_deref().unwrap_or("none");
+                return Err(Error::NotFound(format!(
+                    "model `{name}` has no version `{v}` (available version: {have})"
+                )));
+            }
+        }
+        match (&entry.state, entry.handle) {
+            (ModelState::Ready, Some(h)) => Ok(h),
+            (state, _) => Err(Error::ModelNotReady { name: name.to_string(), reason: state.to_string() }),
+        }
+    }
+
+    /// Every entry, sorted by name.
+    pub fn list(&self) -> Vec<ModelEntry> {
+        self.models.read().expect("registry lock poisoned").values().cloned().collect()
+    }
+
+    /// Inserts or replaces an entry (repository only).
+    pub(crate) fn set(&self, entry: ModelEntry) {
+        self.models.write().expect("registry lock poisoned").insert(entry.name.clone(), entry);
+    }
+}

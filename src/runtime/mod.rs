@@ -1,0 +1,76 @@
+//! The seam between sluice and an inference engine. `Runtime` loads a model
+//! into sessions; a `Session` runs one batch. The real implementation is
+//! ONNX Runtime (`runtime::onnx`); unit tests use a fake behind the same
+//! traits. Sessions are blocking: they run on the pool's dedicated OS
+//! threads, never on the async runtime.
+
+pub mod onnx;
+
+use std::fmt;
+use std::path::Path;
+
+use crate::model::settings::ModelSettings;
+use crate::tensor::{Signature, Tensor};
+
+/// Where a model's sessions run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Device {
+    Cpu,
+    Cuda(u32),
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(id) => write!(f, "cuda:{id}"),
+        }
+    }
+}
+
+/// A model loaded into `instances` sessions.
+pub struct LoadedModel {
+    /// Inputs and outputs as the ONNX file declares them.
+    pub signature: Signature,
+    /// One session per instance, each with the device it runs on.
+    pub sessions: Vec<(Device, Box<dyn Session>)>,
+    /// Why the provider was chosen (logged once per load).
+    pub provider_reason: String,
+}
+
+/// Loads models. Shared by every model; cheap to call from a blocking thread.
+pub trait Runtime: Send + Sync + 'static {
+    /// Builds `settings.instances` sessions for the ONNX file at `path`.
+    /// Blocking: call it from `spawn_blocking` or a dedicated thread.
+    fn load(&self, model: &str, path: &Path, settings: &ModelSettings) -> Result<LoadedModel, RuntimeError>;
+}
+
+/// One ONNX Runtime session (not thread-safe: one thread runs it at a time).
+pub trait Session: Send + 'static {
+    /// Runs `inputs` (in signature order, already validated) and returns the
+    /// outputs named in `outputs`, in that order.
+    fn run(&mut self, inputs: &[Tensor], outputs: &[String]) -> Result<Vec<Tensor>, RuntimeError>;
+}
+
+/// What went wrong inside the runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The ONNX Runtime library could not be found or loaded.
+    #[error("{0}")]
+    Library(String),
+    /// The model file could not be turned into a session.
+    #[error("cannot load {path}: {message}")]
+    Load { path: String, message: String },
+    /// The model declares something sluice cannot serve (e.g. a map output).
+    #[error("{0}")]
+    Unsupported(String),
+    /// The requested execution provider is not usable on this machine.
+    #[error("{0}")]
+    Provider(String),
+    /// An input value ONNX Runtime cannot take (e.g. non-UTF-8 BYTES).
+    #[error("{0}")]
+    InvalidInput(String),
+    /// `Session::run` failed.
+    #[error("{0}")]
+    Run(#[source] ort::Error),
+}

@@ -1,0 +1,331 @@
+//! ONNX Runtime behind the `Runtime` seam: the one process-wide
+//! `Environment`, finding the shared library, building sessions with the
+//! execution provider a model asks for (CUDA with CPU fallback under `auto`),
+//! and converting tensors to and from `ort` values.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use ort::environment::Environment;
+use ort::ep::{self, ExecutionProvider as _};
+use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
+use ort::value::{DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
+
+use super::{Device, LoadedModel, Runtime, RuntimeError, Session};
+use crate::model::settings::{ArenaExtendStrategy, CudnnConvAlgoSearch, ExecutionProvider, ModelSettings};
+use crate::tensor::{DataType, Signature, Tensor, TensorData, TensorSpec};
+
+/// The ONNX Runtime release sluice is built against (`api-31`).
+pub const ORT_VERSION: &str = "1.31.1";
+const LIB_FILE: &str = "libonnxruntime.so.1.31.1";
+
+/// ONNX Runtime allows one environment per process, for the process
+/// lifetime: created once by [`OnnxRuntime::init`], shared by every session.
+static ENVIRONMENT: OnceLock<(Environment, PathBuf)> = OnceLock::new();
+
+/// Finds the ONNX Runtime library: the configured path, then
+/// `ORT_DYLIB_PATH`, then the project's `.ort/{gpu,cpu}/` folder (looked up
+/// from the working directory and from the executable's folders).
+pub fn find_library(configured: Option<&Path>) -> Result<PathBuf, RuntimeError> {
+    let fix = "run scripts/fetch-onnxruntime.sh, or point --onnxruntime-library / ORT_DYLIB_PATH at libonnxruntime.so.1.31.x";
+    if let Some(p) = configured {
+        return if p.is_file() {
+            Ok(p.to_path_buf())
+        } else {
+            Err(RuntimeError::Library(format!("ONNX Runtime library {} (from config) does not exist; {fix}", p.display())))
+        };
+    }
+    if let Some(p) = std::env::var_os("ORT_DYLIB_PATH").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(RuntimeError::Library(format!("ORT_DYLIB_PATH={} does not exist; {fix}", p.display())))
+        };
+    }
+    let mut roots = vec![std::env::current_dir().unwrap_or_default()];
+    if let Ok(exe) = std::env::current_exe() {
+        roots.extend(exe.ancestors().skip(1).map(Path::to_path_buf));
+    }
+    roots.push(PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    for root in &roots {
+        for flavour in ["gpu", "cpu"] {
+            let p = root.join(".ort").join(flavour).join(LIB_FILE);
+            if p.is_file() {
+                return Ok(p);
+            }
+        }
+    }
+    Err(RuntimeError::Library(format!("ONNX Runtime {ORT_VERSION} not found (no .ort/cpu/{LIB_FILE}); {fix}")))
+}
+
+/// The ONNX Runtime implementation of [`Runtime`].
+pub struct OnnxRuntime {
+    env: &'static Environment,
+    library: &'static Path,
+    cores: usize,
+    spinning: bool,
+}
+
+impl OnnxRuntime {
+    /// Loads the library (once per process) and creates the environment.
+    /// A second call reuses the first environment.
+    pub fn init(library: &Path, spinning: bool) -> Result<OnnxRuntime, RuntimeError> {
+        let (env, lib) = match ENVIRONMENT.get() {
+            Some(e) => e,
+            None => {
+                let env = ort::init_from(library)
+                    .map_err(|e| {
+                        RuntimeError::Library(format!(
+                            "cannot load ONNX Runtime from {}: {e}; run scripts/fetch-onnxruntime.sh for {ORT_VERSION}",
+                            library.display()
+                        ))
+                    })?
+                    .with_name("sluice")
+                    .with_telemetry(false)
+                    .build()
+                    .map_err(|e| RuntimeError::Library(format!("cannot create the ONNX Runtime environment: {e}")))?;
+                let _ = ENVIRONMENT.set((env, library.to_path_buf()));
+                ENVIRONMENT.get().expect("environment was just set. This is a bug.")
+            }
+        };
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        Ok(OnnxRuntime { env, library: lib, cores, spinning })
+    }
+
+    /// The library this process loaded.
+    pub fn library(&self) -> &Path {
+        self.library
+    }
+
+    fn builder(&self, settings: &ModelSettings) -> ort::Result<SessionBuilder> {
+        // Without a thread budget across models (the pool's job), give each
+        // instance an equal share of the cores so one model's sessions never
+        // oversubscribe the machine on their own.
+        let intra = settings.intra_op_threads.unwrap_or((self.cores / settings.instances).max(1));
+        Ok(ort::session::Session::builder(self.env)?
+            .with_optimization_level(GraphOptimizationLevel::Level3)?
+            .with_intra_threads(intra)?
+            .with_intra_op_spinning(self.spinning)?
+            .with_log_id("sluice")?)
+    }
+
+    fn cuda_ep(settings: &ModelSettings, device: u32) -> ep::ExecutionProviderDispatch {
+        let mut cuda = ep::CUDA::default().with_device_id(device as i32);
+        let o = &settings.cuda;
+        if let Some(limit) = o.gpu_mem_limit {
+            cuda = cuda.with_memory_limit(limit as usize);
+        }
+        if let Some(s) = o.arena_extend_strategy {
+            cuda = cuda.with_arena_extend_strategy(match s {
+                ArenaExtendStrategy::NextPowerOfTwo => ort::ep::ArenaExtendStrategy::NextPowerOfTwo,
+                ArenaExtendStrategy::SameAsRequested => ort::ep::ArenaExtendStrategy::SameAsRequested,
+            });
+        }
+        if let Some(s) = o.cudnn_conv_algo_search {
+            cuda = cuda.with_conv_algorithm_search(match s {
+                CudnnConvAlgoSearch::Exhaustive => ep::cuda::ConvAlgorithmSearch::Exhaustive,
+                CudnnConvAlgoSearch::Heuristic => ep::cuda::ConvAlgorithmSearch::Heuristic,
+                CudnnConvAlgoSearch::Default => ep::cuda::ConvAlgorithmSearch::Default,
+            });
+        }
+        cuda.build().error_on_failure()
+    }
+
+    /// One session on `device` (CUDA registration failures are errors here;
+    /// the fallback decision is made by the caller).
+    fn session_on(&self, path: &Path, settings: &ModelSettings, device: Device) -> Result<OnnxSession, String> {
+        let mut builder = self.builder(settings).map_err(|e| e.to_string())?;
+        if let Device::Cuda(id) = device {
+            builder = builder
+                .with_execution_providers([Self::cuda_ep(settings, id)])
+                .map_err(|e| ort::Error::<()>::from(e).to_string())?;
+        }
+        let session = builder.commit_from_file(path).map_err(|e| e.to_string())?;
+        Ok(OnnxSession { session })
+    }
+}
+
+impl Runtime for OnnxRuntime {
+    fn load(&self, model: &str, path: &Path, settings: &ModelSettings) -> Result<LoadedModel, RuntimeError> {
+        let load_err = |message: String| RuntimeError::Load { path: path.display().to_string(), message };
+        if !path.is_file() {
+            return Err(load_err("file not found".into()));
+        }
+        let cuda_built = ep::CUDA::is_available().unwrap_or(false);
+        let no_cuda = || {
+            format!(
+                "the ONNX Runtime library {} has no CUDA provider (CPU build); run scripts/fetch-onnxruntime.sh --gpu",
+                self.library.display()
+            )
+        };
+        // Decide the provider with the first instance, then place the rest.
+        let devices: Vec<u32> = settings.device_ids.clone();
+        let cpu = |why: String| Ok::<_, RuntimeError>((self.session_on(path, settings, Device::Cpu).map_err(load_err)?, false, why));
+        let (first, on_cuda, reason) = match settings.execution_provider {
+            ExecutionProvider::Cpu => cpu("execution_provider is \"cpu\"".into())?,
+            ExecutionProvider::Cuda if !cuda_built => {
+                return Err(RuntimeError::Provider(format!("execution_provider \"cuda\": {}", no_cuda())));
+            }
+            ExecutionProvider::Cuda => match self.session_on(path, settings, Device::Cuda(devices[0])) {
+                Ok(s) => (s, true, "execution_provider is \"cuda\"".to_string()),
+                Err(e) => {
+                    return Err(RuntimeError::Provider(format!(
+                        "execution_provider \"cuda\": CUDA device {} is not usable: {e}",
+                        devices[0]
+                    )))
+                }
+            },
+            ExecutionProvider::Auto if !cuda_built => cpu(format!("auto: {}", no_cuda()))?,
+            ExecutionProvider::Auto => match self.session_on(path, settings, Device::Cuda(devices[0])) {
+                Ok(s) => (s, true, format!("auto: CUDA device {} is usable", devices[0])),
+                Err(e) => cpu(format!("auto: CUDA is not usable ({e}); falling back to CPU"))?,
+            },
+        };
+        let signature = signature_of(&first.session).map_err(|e| RuntimeError::Unsupported(format!("model `{model}`: {e}")))?;
+        let device_of = |i: usize| if on_cuda { Device::Cuda(devices[i % devices.len()]) } else { Device::Cpu };
+        let mut sessions: Vec<(Device, Box<dyn Session>)> = vec![(device_of(0), Box::new(first))];
+        for i in 1..settings.instances {
+            let s = self.session_on(path, settings, device_of(i)).map_err(load_err)?;
+            sessions.push((device_of(i), Box::new(s)));
+        }
+        Ok(LoadedModel { signature, sessions, provider_reason: reason })
+    }
+}
+
+fn dtype_of(ty: TensorElementType) -> Option<DataType> {
+    Some(match ty {
+        TensorElementType::Bool => DataType::Bool,
+        TensorElementType::Uint8 => DataType::U8,
+        TensorElementType::Uint16 => DataType::U16,
+        TensorElementType::Uint32 => DataType::U32,
+        TensorElementType::Uint64 => DataType::U64,
+        TensorElementType::Int8 => DataType::I8,
+        TensorElementType::Int16 => DataType::I16,
+        TensorElementType::Int32 => DataType::I32,
+        TensorElementType::Int64 => DataType::I64,
+        TensorElementType::Float16 => DataType::F16,
+        TensorElementType::Bfloat16 => DataType::Bf16,
+        TensorElementType::Float32 => DataType::F32,
+        TensorElementType::Float64 => DataType::F64,
+        TensorElementType::String => DataType::Bytes,
+        _ => return None,
+    })
+}
+
+fn spec_of(name: &str, ty: &ValueType) -> Result<TensorSpec, String> {
+    match ty {
+        ValueType::Tensor { ty, shape, .. } => {
+            let dtype = dtype_of(*ty).ok_or_else(|| format!("`{name}` has element type {ty}, which sluice cannot serve"))?;
+            Ok(TensorSpec { name: name.to_string(), dtype, shape: shape.iter().map(|&d| if d < 0 { -1 } else { d }).collect() })
+        }
+        other => Err(format!("`{name}` is a {other:?}, not a tensor; sluice serves tensor inputs and outputs only")),
+    }
+}
+
+fn signature_of(session: &ort::session::Session) -> Result<Signature, String> {
+    let inputs = session.inputs().iter().map(|o| spec_of(o.name(), o.dtype())).collect::<Result<_, _>>()?;
+    let outputs = session.outputs().iter().map(|o| spec_of(o.name(), o.dtype())).collect::<Result<_, _>>()?;
+    Ok(Signature { inputs, outputs })
+}
+
+/// One `ort` session, owned by one pool thread.
+struct OnnxSession {
+    session: ort::session::Session,
+}
+
+fn to_value(t: &Tensor) -> Result<DynValue, RuntimeError> {
+    let shape = t.shape.clone();
+    macro_rules! prim {
+        ($v:expr) => {
+            OrtTensor::from_array((shape, $v.clone())).map(|x| x.into_dyn())
+        };
+    }
+    let made = match &t.data {
+        TensorData::Bool(v) => prim!(v),
+        TensorData::U8(v) => prim!(v),
+        TensorData::U16(v) => prim!(v),
+        TensorData::U32(v) => prim!(v),
+        TensorData::U64(v) => prim!(v),
+        TensorData::I8(v) => prim!(v),
+        TensorData::I16(v) => prim!(v),
+        TensorData::I32(v) => prim!(v),
+        TensorData::I64(v) => prim!(v),
+        TensorData::F16(v) => prim!(v),
+        TensorData::Bf16(v) => prim!(v),
+        TensorData::F32(v) => prim!(v),
+        TensorData::F64(v) => prim!(v),
+        TensorData::Bytes(v) => {
+            let strings = v
+                .iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    String::from_utf8(b.clone()).map_err(|_| {
+                        RuntimeError::InvalidInput(format!(
+                            "input `{}`: element {i} is not valid UTF-8 (ONNX strings must be UTF-8)",
+                            t.name
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            OrtTensor::from_string_array((shape, &strings[..])).map(|x| x.into_dyn())
+        }
+    };
+    made.map_err(RuntimeError::Run)
+}
+
+fn from_value(name: &str, v: &DynValue) -> Result<Tensor, RuntimeError> {
+    let ty = match v.dtype() {
+        ValueType::Tensor { ty, .. } => *ty,
+        other => return Err(RuntimeError::Unsupported(format!("output `{name}` is a {other:?}, not a tensor"))),
+    };
+    macro_rules! prim {
+        ($t:ty, $var:ident) => {{
+            let (shape, data) = v.try_extract_tensor::<$t>().map_err(RuntimeError::Run)?;
+            (shape.iter().map(|&d| d as usize).collect::<Vec<_>>(), TensorData::$var(data.to_vec()))
+        }};
+    }
+    let (shape, data) = match ty {
+        TensorElementType::Bool => prim!(bool, Bool),
+        TensorElementType::Uint8 => prim!(u8, U8),
+        TensorElementType::Uint16 => prim!(u16, U16),
+        TensorElementType::Uint32 => prim!(u32, U32),
+        TensorElementType::Uint64 => prim!(u64, U64),
+        TensorElementType::Int8 => prim!(i8, I8),
+        TensorElementType::Int16 => prim!(i16, I16),
+        TensorElementType::Int32 => prim!(i32, I32),
+        TensorElementType::Int64 => prim!(i64, I64),
+        TensorElementType::Float16 => prim!(half::f16, F16),
+        TensorElementType::Bfloat16 => prim!(half::bf16, Bf16),
+        TensorElementType::Float32 => prim!(f32, F32),
+        TensorElementType::Float64 => prim!(f64, F64),
+        TensorElementType::String => {
+            let (shape, strings) = v.try_extract_strings().map_err(RuntimeError::Run)?;
+            (
+                shape.iter().map(|&d| d as usize).collect(),
+                TensorData::Bytes(strings.into_iter().map(String::into_bytes).collect()),
+            )
+        }
+        other => return Err(RuntimeError::Unsupported(format!("output `{name}` has element type {other}"))),
+    };
+    Ok(Tensor { name: name.to_string(), shape, data })
+}
+
+impl Session for OnnxSession {
+    fn run(&mut self, inputs: &[Tensor], outputs: &[String]) -> Result<Vec<Tensor>, RuntimeError> {
+        let values = inputs
+            .iter()
+            .map(|t| Ok((t.name.as_str(), to_value(t)?)))
+            .collect::<Result<Vec<_>, RuntimeError>>()?;
+        let result = self.session.run(values).map_err(RuntimeError::Run)?;
+        outputs
+            .iter()
+            .map(|name| {
+                let v = result
+                    .get(name)
+                    .ok_or_else(|| RuntimeError::Unsupported(format!("the session produced no output `{name}`")))?;
+                from_value(name, v)
+            })
+            .collect()
+    }
+}
