@@ -91,7 +91,11 @@ impl Default for Config {
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        HttpConfig { host: IpAddr::from([0, 0, 0, 0]), port: 8080, max_body_bytes: 64 << 20 }
+        HttpConfig {
+            host: IpAddr::from([0, 0, 0, 0]),
+            port: 8080,
+            max_body_bytes: 64 << 20,
+        }
     }
 }
 
@@ -103,13 +107,18 @@ impl Default for GrpcConfig {
 
 impl Default for RepositoryConfig {
     fn default() -> Self {
-        RepositoryConfig { path: PathBuf::from("model-repository") }
+        RepositoryConfig {
+            path: PathBuf::from("model-repository"),
+        }
     }
 }
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
-        RuntimeConfig { onnxruntime_library: None, intra_op_spinning: false }
+        RuntimeConfig {
+            onnxruntime_library: None,
+            intra_op_spinning: false,
+        }
     }
 }
 
@@ -132,7 +141,9 @@ impl Default for ModelDefaultsConfig {
 
 impl Default for ShutdownConfig {
     fn default() -> Self {
-        ShutdownConfig { grace_period_seconds: 30.0 }
+        ShutdownConfig {
+            grace_period_seconds: 30.0,
+        }
     }
 }
 
@@ -167,12 +178,12 @@ impl Config {
             )
             // MLServer-style global overrides (MLSERVER_MODEL_MAX_BATCH_SIZE there).
             .merge(
-                Env::raw().only(&["SLUICE_MODEL_MAX_BATCH_SIZE", "SLUICE_MODEL_MAX_BATCH_TIME"]).map(|k| {
-                    match k.as_str() {
+                Env::raw()
+                    .only(&["SLUICE_MODEL_MAX_BATCH_SIZE", "SLUICE_MODEL_MAX_BATCH_TIME"])
+                    .map(|k| match k.as_str() {
                         "SLUICE_MODEL_MAX_BATCH_SIZE" => "model_defaults.max_batch_size".into(),
                         _ => "model_defaults.max_batch_time".into(),
-                    }
-                }),
+                    }),
             );
         let mut cfg: Config = fig.extract().map_err(|e| format!("configuration: {e}"))?;
         if let Some(p) = &cli.model_repository {
@@ -198,27 +209,47 @@ impl Config {
         let mut errs = Vec::new();
         let d = &self.model_defaults;
         if d.max_batch_size > 65536 {
-            errs.push(format!("model_defaults.max_batch_size must be 0..=65536, got {}", d.max_batch_size));
+            errs.push(format!(
+                "model_defaults.max_batch_size must be 0..=65536, got {}",
+                d.max_batch_size
+            ));
         }
         if !(d.max_batch_time.is_finite() && (0.0..=60.0).contains(&d.max_batch_time)) {
-            errs.push(format!("model_defaults.max_batch_time must be 0..=60 seconds, got {}", d.max_batch_time));
+            errs.push(format!(
+                "model_defaults.max_batch_time must be 0..=60 seconds, got {}",
+                d.max_batch_time
+            ));
         }
         if !(1..=1_000_000).contains(&d.max_queue_size) {
-            errs.push(format!("model_defaults.max_queue_size must be 1..=1000000, got {}", d.max_queue_size));
+            errs.push(format!(
+                "model_defaults.max_queue_size must be 1..=1000000, got {}",
+                d.max_queue_size
+            ));
         }
         if !(d.timeout.is_finite() && d.timeout > 0.0 && d.timeout <= 86400.0) {
-            errs.push(format!("model_defaults.timeout must be > 0 and <= 86400 seconds, got {}", d.timeout));
+            errs.push(format!(
+                "model_defaults.timeout must be > 0 and <= 86400 seconds, got {}",
+                d.timeout
+            ));
         }
         if !(1..=64).contains(&d.instances) {
-            errs.push(format!("model_defaults.instances must be 1..=64, got {}", d.instances));
+            errs.push(format!(
+                "model_defaults.instances must be 1..=64, got {}",
+                d.instances
+            ));
         }
         if let Some(t) = d.intra_op_threads {
             if !(1..=1024).contains(&t) {
-                errs.push(format!("model_defaults.intra_op_threads must be 1..=1024, got {t}"));
+                errs.push(format!(
+                    "model_defaults.intra_op_threads must be 1..=1024, got {t}"
+                ));
             }
         }
         if self.http.max_body_bytes < 1024 {
-            errs.push(format!("http.max_body_bytes must be at least 1024, got {}", self.http.max_body_bytes));
+            errs.push(format!(
+                "http.max_body_bytes must be at least 1024, got {}",
+                self.http.max_body_bytes
+            ));
         }
         let g = self.shutdown.grace_period_seconds;
         if !(g.is_finite() && (0.0..=3600.0).contains(&g)) {
@@ -261,7 +292,10 @@ mod tests {
     fn layers_file_then_env_then_cli() {
         Jail::expect_with(|jail| {
             jail.create_dir("config")?;
-            jail.create_file("config/sluice.toml", "[http]\nport = 9000\n[model_defaults]\nmax_batch_size = 8\n")?;
+            jail.create_file(
+                "config/sluice.toml",
+                "[http]\nport = 9000\n[model_defaults]\nmax_batch_size = 8\n",
+            )?;
             let cfg = Config::load(None, &CliOverrides::default()).unwrap();
             assert_eq!(cfg.http.port, 9000);
             assert_eq!(cfg.model_defaults.max_batch_size, 8);
@@ -274,7 +308,10 @@ mod tests {
             assert_eq!(cfg.model_defaults.max_batch_size, 16);
             assert_eq!(cfg.model_defaults().max_batch_time, Duration::from_millis(250));
 
-            let cli = CliOverrides { http_port: Some(0), ..Default::default() };
+            let cli = CliOverrides {
+                http_port: Some(0),
+                ..Default::default()
+            };
             assert_eq!(Config::load(None, &cli).unwrap().http.port, 0);
             Ok(())
         });
@@ -292,7 +329,10 @@ mod tests {
 
     #[test]
     fn missing_explicit_file_is_an_error() {
-        let err = Config::load(Some(Path::new("/nonexistent/sluice.toml")), &CliOverrides::default());
+        let err = Config::load(
+            Some(Path::new("/nonexistent/sluice.toml")),
+            &CliOverrides::default(),
+        );
         assert!(err.unwrap_err().contains("does not exist"));
     }
 

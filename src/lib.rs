@@ -51,29 +51,49 @@ impl Server {
     /// [`Server::run`] starts, while the port already answers liveness.
     pub async fn bind(config: Config, runtime: Arc<dyn Runtime>) -> anyhow::Result<Server> {
         let addr = SocketAddr::new(config.http.host, config.http.port);
-        let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-        let repository =
-            Arc::new(Repository::new(config.model_repository.path.clone(), config.model_defaults(), runtime));
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let repository = Arc::new(Repository::new(
+            config.model_repository.path.clone(),
+            config.model_defaults(),
+            runtime,
+        ));
         let state = AppState {
             registry: repository.registry(),
             ready: Arc::new(AtomicBool::new(false)),
             max_body_bytes: config.http.max_body_bytes,
         };
-        Ok(Server { config, listener, repository, state })
+        Ok(Server {
+            config,
+            listener,
+            repository,
+            state,
+        })
     }
 
     /// The address the HTTP port is bound to.
     pub fn http_addr(&self) -> SocketAddr {
-        self.listener.local_addr().expect("a bound listener has an address")
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
     }
 
     /// Loads the repository and serves until `shutdown` completes; then
     /// readiness turns false, no new connection is accepted, and accepted
     /// requests get `shutdown.grace_period_seconds` to finish.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-        let Server { config, listener, repository, state } = self;
+        let Server {
+            config,
+            listener,
+            repository,
+            state,
+        } = self;
         tracing::info!(http = %listener.local_addr()?, repository = %repository.root().display(), "sluice listening");
-        tracing::info!(grpc_port = config.grpc.port, "gRPC is not served yet; the port is reserved");
+        tracing::info!(
+            grpc_port = config.grpc.port,
+            "gRPC is not served yet; the port is reserved"
+        );
 
         // `true` once shutdown has begun. The sender lives in the task that
         // awaits `shutdown`; the loader, the HTTP server and the drain

@@ -66,18 +66,40 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,ort=warn")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,ort=warn")),
+        )
         .with_target(false)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match cli.command {
-        Command::Serve { config, model_repository, host, http_port, grpc_port, onnxruntime_library } => {
-            let cli = CliOverrides { model_repository, host, http_port, grpc_port, onnxruntime_library };
+        Command::Serve {
+            config,
+            model_repository,
+            host,
+            http_port,
+            grpc_port,
+            onnxruntime_library,
+        } => {
+            let cli = CliOverrides {
+                model_repository,
+                host,
+                http_port,
+                grpc_port,
+                onnxruntime_library,
+            };
             serve(config.as_deref(), &cli)
         }
-        Command::Check { dir, config, onnxruntime_library } => {
-            let cli = CliOverrides { onnxruntime_library, ..Default::default() };
+        Command::Check {
+            dir,
+            config,
+            onnxruntime_library,
+        } => {
+            let cli = CliOverrides {
+                onnxruntime_library,
+                ..Default::default()
+            };
             check(&dir, config.as_deref(), &cli)
         }
     }
@@ -91,7 +113,8 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
 
 fn load_config(file: Option<&Path>, cli: &CliOverrides) -> Result<Config, String> {
     let cfg = Config::load(file, cli)?;
-    cfg.validate().map_err(|errs| format!("invalid configuration: {}", errs.join("; ")))?;
+    cfg.validate()
+        .map_err(|errs| format!("invalid configuration: {}", errs.join("; ")))?;
     Ok(cfg)
 }
 
@@ -146,9 +169,16 @@ fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
     };
     println!("model {} OK ({})", settings.name, path.display());
     println!("provider: {}", loaded.provider_reason);
-    let batching = if loaded.signature.batchable() { "dynamic dim 0: batches across requests" } else { "fixed dim 0: batching off" };
+    let batching = if loaded.signature.batchable() {
+        "dynamic dim 0: batches across requests"
+    } else {
+        "fixed dim 0: batching off"
+    };
     println!("batching: {batching}");
-    for (kind, specs) in [("input", &loaded.signature.inputs), ("output", &loaded.signature.outputs)] {
+    for (kind, specs) in [
+        ("input", &loaded.signature.inputs),
+        ("output", &loaded.signature.outputs),
+    ] {
         for t in specs.iter() {
             println!("{kind:<6} {:<24} {:<6} {:?}", t.name, t.dtype.as_str(), t.shape);
         }

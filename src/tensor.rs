@@ -283,7 +283,11 @@ impl Tensor {
         }
         let mut shape = first.shape.clone();
         shape[0] = rows;
-        Tensor { name: first.name.clone(), shape, data }
+        Tensor {
+            name: first.name.clone(),
+            shape,
+            data,
+        }
     }
 }
 
@@ -307,7 +311,10 @@ impl Signature {
     /// True when every input and output has a dynamic first dimension, so
     /// requests can be concatenated along dim 0.
     pub fn batchable(&self) -> bool {
-        self.inputs.iter().chain(&self.outputs).all(|t| t.shape.first() == Some(&-1))
+        self.inputs
+            .iter()
+            .chain(&self.outputs)
+            .all(|t| t.shape.first() == Some(&-1))
     }
 
     pub fn input(&self, name: &str) -> Option<&TensorSpec> {
@@ -345,6 +352,9 @@ mod tests {
     #[test]
     fn new_checks_element_count() {
         let err = Tensor::new("x", vec![2, 2], TensorData::I64(vec![1, 2, 3])).unwrap_err();
-        assert!(err.contains("`x`") && err.contains("4 elements") && err.contains("got 3"), "{err}");
+        assert!(
+            err.contains("`x`") && err.contains("4 elements") && err.contains("got 3"),
+            "{err}"
+        );
     }
 }

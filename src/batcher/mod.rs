@@ -25,12 +25,21 @@ pub struct Batcher {
 
 impl Batcher {
     pub fn new(model: &str, settings: BatchSettings, workers: Arc<ModelWorkers>) -> Batcher {
-        Batcher { model: model.into(), settings, workers }
+        Batcher {
+            model: model.into(),
+            settings,
+            workers,
+        }
     }
 
     /// Runs validated inputs and returns the requested outputs and the id of
     /// the batch they ran in.
-    pub async fn submit(&self, inputs: Vec<Tensor>, outputs: Vec<String>, arrival: Instant) -> Result<(Vec<Tensor>, String)> {
+    pub async fn submit(
+        &self,
+        inputs: Vec<Tensor>,
+        outputs: Vec<String>,
+        arrival: Instant,
+    ) -> Result<(Vec<Tensor>, String)> {
         let timeout = self.settings.timeout;
         let deadline = arrival + timeout;
         let batch_id = format!("{:016x}", NEXT_BATCH.fetch_add(1, Ordering::Relaxed));
@@ -38,13 +47,24 @@ impl Batcher {
         let run = self.workers.run(inputs, outputs, deadline);
         match tokio::time::timeout(remaining.max(Duration::from_micros(1)), run).await {
             Ok(Ok(tensors)) => Ok((tensors, batch_id)),
-            Ok(Err(RunError::Expired)) | Err(_) => Err(Error::DeadlineExceeded { model: self.model.to_string(), timeout }),
-            Ok(Err(RunError::Closed)) => Err(Error::ModelNotReady { name: self.model.to_string(), reason: "unloading".into() }),
-            Ok(Err(RunError::Runtime(crate::runtime::RuntimeError::InvalidInput(m)))) => Err(Error::InvalidInput(m)),
+            Ok(Err(RunError::Expired)) | Err(_) => Err(Error::DeadlineExceeded {
+                model: self.model.to_string(),
+                timeout,
+            }),
+            Ok(Err(RunError::Closed)) => Err(Error::ModelNotReady {
+                name: self.model.to_string(),
+                reason: "unloading".into(),
+            }),
+            Ok(Err(RunError::Runtime(crate::runtime::RuntimeError::InvalidInput(m)))) => {
+                Err(Error::InvalidInput(m))
+            }
             Ok(Err(RunError::Runtime(e))) => {
                 let message = error_chain(&e);
                 tracing::warn!(model = %self.model, error = %message, "inference failed");
-                Err(Error::Runtime { model: self.model.to_string(), message: message.into() })
+                Err(Error::Runtime {
+                    model: self.model.to_string(),
+                    message: message.into(),
+                })
             }
         }
     }

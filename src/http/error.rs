@@ -23,7 +23,9 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::ModelNotFound => StatusCode::NOT_FOUND,
         ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
         ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-        ErrorKind::Overloaded | ErrorKind::ModelNotReady | ErrorKind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Overloaded | ErrorKind::ModelNotReady | ErrorKind::ShuttingDown => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         ErrorKind::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
         ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
         ErrorKind::Runtime => StatusCode::INTERNAL_SERVER_ERROR,
@@ -38,7 +40,8 @@ impl IntoResponse for ApiError {
         let mut resp = (status, Json(serde_json::json!({ "error": self.0.to_string() }))).into_response();
         if let Error::Overloaded { retry_after, .. } = &self.0 {
             let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         resp
     }

@@ -20,8 +20,14 @@ pub async fn list(State(state): State<AppState>) -> Json<Value> {
 }
 
 /// `GET /v1/models/{name}`: `{"name", "ready"}` (and `reason` when not ready).
-pub async fn status(State(state): State<AppState>, Path(spec): Path<String>) -> Result<Json<Value>, ApiError> {
-    let entry = state.registry.get(&spec).ok_or_else(|| Error::ModelNotFound(spec.clone()))?;
+pub async fn status(
+    State(state): State<AppState>,
+    Path(spec): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let entry = state
+        .registry
+        .get(&spec)
+        .ok_or_else(|| Error::ModelNotFound(spec.clone()))?;
     let ready = entry.state == ModelState::Ready;
     let mut body = json!({ "name": entry.name, "ready": ready });
     if let Some(reason) = entry.state.reason().filter(|_| !ready) {
@@ -42,7 +48,12 @@ pub async fn predict(
         Some((_, verb)) => {
             return Err(Error::NotFound(format!("unknown V1 verb `:{verb}` (supported: `:predict`)")).into());
         }
-        None => return Err(Error::NotFound(format!("POST /v1/models/{spec}: did you mean /v1/models/{spec}:predict?")).into()),
+        None => {
+            return Err(Error::NotFound(format!(
+                "POST /v1/models/{spec}: did you mean /v1/models/{spec}:predict?"
+            ))
+            .into())
+        }
     };
     let bytes = body_bytes(body, state.max_body_bytes)?;
     let model = state.registry.ready(name, None)?;

@@ -31,13 +31,23 @@ pub async fn server_metadata() -> Json<ServerMetadata> {
 }
 
 /// `GET /v2/models/{name}[/versions/{version}]`: name, versions, platform, signature.
-pub async fn model_metadata(State(state): State<AppState>, Path(p): Path<ModelPath>) -> Result<Json<ModelMetadata>, ApiError> {
+pub async fn model_metadata(
+    State(state): State<AppState>,
+    Path(p): Path<ModelPath>,
+) -> Result<Json<ModelMetadata>, ApiError> {
     let model = state.registry.ready(&p.name, p.version.as_deref())?;
-    Ok(Json(ModelMetadata::new(&model.name, model.version(), &model.signature)))
+    Ok(Json(ModelMetadata::new(
+        &model.name,
+        model.version(),
+        &model.signature,
+    )))
 }
 
 /// `GET /v2/models/{name}[/versions/{version}]/ready`: 200 when it serves, 503 when not.
-pub async fn model_ready(State(state): State<AppState>, Path(p): Path<ModelPath>) -> Result<StatusCode, ApiError> {
+pub async fn model_ready(
+    State(state): State<AppState>,
+    Path(p): Path<ModelPath>,
+) -> Result<StatusCode, ApiError> {
     match state.registry.ready(&p.name, p.version.as_deref()) {
         Ok(_) => Ok(StatusCode::OK),
         Err(e) if super::status_of(e.kind()) == StatusCode::NOT_FOUND => Err(e.into()),

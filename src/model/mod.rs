@@ -25,8 +25,20 @@ pub struct ModelHandle {
 }
 
 impl ModelHandle {
-    pub fn new(name: String, settings: ModelSettings, signature: Signature, provider_reason: String, batcher: Batcher) -> Self {
-        ModelHandle { name, settings, signature, provider_reason, batcher }
+    pub fn new(
+        name: String,
+        settings: ModelSettings,
+        signature: Signature,
+        provider_reason: String,
+        batcher: Batcher,
+    ) -> Self {
+        ModelHandle {
+            name,
+            settings,
+            signature,
+            provider_reason,
+            batcher,
+        }
     }
 
     pub fn version(&self) -> Option<&str> {
@@ -38,7 +50,10 @@ impl ModelHandle {
     pub async fn infer(&self, mut req: InferRequest, arrival: Instant) -> Result<InferResponse> {
         protocol::validate(&mut req, &self.name, &self.signature)?;
         if req.rows() == 0 {
-            return Err(Error::invalid(format!("model `{}`: the request has 0 rows in dim 0", self.name)));
+            return Err(Error::invalid(format!(
+                "model `{}`: the request has 0 rows in dim 0",
+                self.name
+            )));
         }
         let outputs: Vec<String> = match &req.outputs {
             Some(names) => names.clone(),

@@ -83,7 +83,11 @@ impl ModelWorkers {
                 .expect("cannot spawn a session thread");
             threads.push(t);
         }
-        ModelWorkers { tx: Some(tx), threads, devices }
+        ModelWorkers {
+            tx: Some(tx),
+            threads,
+            devices,
+        }
     }
 
     /// The device each instance runs on.
@@ -92,10 +96,20 @@ impl ModelWorkers {
     }
 
     /// Runs one batch on the next free session and waits for its outputs.
-    pub async fn run(&self, inputs: Vec<Tensor>, outputs: Vec<String>, deadline: Instant) -> Result<Vec<Tensor>, RunError> {
+    pub async fn run(
+        &self,
+        inputs: Vec<Tensor>,
+        outputs: Vec<String>,
+        deadline: Instant,
+    ) -> Result<Vec<Tensor>, RunError> {
         let (reply, rx) = oneshot::channel();
         let tx = self.tx.as_ref().ok_or(RunError::Closed)?.clone();
-        let job = Job { inputs, outputs, deadline, reply };
+        let job = Job {
+            inputs,
+            outputs,
+            deadline,
+            reply,
+        };
         // The channel is bounded; waiting for room must not block the async
         // runtime, so the send happens on the blocking pool.
         match tx.try_send(job) {

@@ -29,7 +29,12 @@ pub struct Repository {
 
 impl Repository {
     pub fn new(root: PathBuf, defaults: ModelDefaults, runtime: Arc<dyn Runtime>) -> Repository {
-        Repository { root, defaults, runtime, registry: Arc::new(Registry::new()) }
+        Repository {
+            root,
+            defaults,
+            runtime,
+            registry: Arc::new(Registry::new()),
+        }
     }
 
     /// The registry handlers read.
@@ -58,7 +63,12 @@ impl Repository {
             seen.insert(md.name().to_string(), md.dir.clone());
             self.load(md).await;
         }
-        let ready = self.registry.list().iter().filter(|e| e.state == ModelState::Ready).count();
+        let ready = self
+            .registry
+            .list()
+            .iter()
+            .filter(|e| e.state == ModelState::Ready)
+            .count();
         tracing::info!(ready, total = seen.len(), repository = %self.root.display(), "model repository loaded");
         Ok(())
     }
@@ -116,16 +126,39 @@ impl Repository {
             max_batch_size = settings.batching.max_batch_size,
             "model ready"
         );
-        let handle = ModelHandle::new(name.clone(), settings, loaded.signature, loaded.provider_reason, batcher);
+        let handle = ModelHandle::new(
+            name.clone(),
+            settings,
+            loaded.signature,
+            loaded.provider_reason,
+            batcher,
+        );
         self.publish(&name, &md.dir, version, ModelState::Ready, Some(Arc::new(handle)));
     }
 
-    fn publish(&self, name: &str, dir: &Path, version: Option<String>, state: ModelState, handle: Option<Arc<ModelHandle>>) {
-        self.registry.set(ModelEntry { name: name.to_string(), dir: dir.to_path_buf(), version, state, handle });
+    fn publish(
+        &self,
+        name: &str,
+        dir: &Path,
+        version: Option<String>,
+        state: ModelState,
+        handle: Option<Arc<ModelHandle>>,
+    ) {
+        self.registry.set(ModelEntry {
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+            version,
+            state,
+            handle,
+        });
     }
 }
 
 /// `name: DTYPE[dims]` for each tensor, for logs.
 pub fn describe(specs: &[crate::tensor::TensorSpec]) -> String {
-    specs.iter().map(|t| format!("{}: {}{:?}", t.name, t.dtype, t.shape)).collect::<Vec<_>>().join(", ")
+    specs
+        .iter()
+        .map(|t| format!("{}: {}{:?}", t.name, t.dtype, t.shape))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -38,13 +38,19 @@ impl Registry {
 
     /// A snapshot of one entry.
     pub fn get(&self, name: &str) -> Option<ModelEntry> {
-        self.models.read().expect("registry lock poisoned").get(name).cloned()
+        self.models
+            .read()
+            .expect("registry lock poisoned")
+            .get(name)
+            .cloned()
     }
 
     /// The model's handle if it serves, or the error a request should get.
     /// `version`: the version asked for in the URL, if any.
     pub fn ready(&self, name: &str, version: Option<&str>) -> Result<Arc<ModelHandle>, Error> {
-        let entry = self.get(name).ok_or_else(|| Error::ModelNotFound(name.to_string()))?;
+        let entry = self
+            .get(name)
+            .ok_or_else(|| Error::ModelNotFound(name.to_string()))?;
         if let Some(v) = version {
             if entry.version.as_deref() != Some(v) {
                 let have = entry.version.as_deref().unwrap_or("none");
@@ -55,17 +61,28 @@ impl Registry {
         }
         match (&entry.state, entry.handle) {
             (ModelState::Ready, Some(h)) => Ok(h),
-            (state, _) => Err(Error::ModelNotReady { name: name.to_string(), reason: state.to_string() }),
+            (state, _) => Err(Error::ModelNotReady {
+                name: name.to_string(),
+                reason: state.to_string(),
+            }),
         }
     }
 
     /// Every entry, sorted by name.
     pub fn list(&self) -> Vec<ModelEntry> {
-        self.models.read().expect("registry lock poisoned").values().cloned().collect()
+        self.models
+            .read()
+            .expect("registry lock poisoned")
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// Inserts or replaces an entry (repository only).
     pub(crate) fn set(&self, entry: ModelEntry) {
-        self.models.write().expect("registry lock poisoned").insert(entry.name.clone(), entry);
+        self.models
+            .write()
+            .expect("registry lock poisoned")
+            .insert(entry.name.clone(), entry);
     }
 }

@@ -19,14 +19,20 @@ pub struct ModelDir {
 impl ModelDir {
     /// The model's name: from its settings, else the folder name.
     pub fn name(&self) -> &str {
-        self.settings.as_ref().map(|s| s.name.as_str()).unwrap_or(&self.folder)
+        self.settings
+            .as_ref()
+            .map(|s| s.name.as_str())
+            .unwrap_or(&self.folder)
     }
 }
 
 /// Reads and validates `dir/model-settings.json`.
 pub fn read_settings(dir: &Path, defaults: &ModelDefaults) -> Result<ModelSettings, String> {
     let file = dir.join(SETTINGS_FILE);
-    let folder = dir.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let folder = dir
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let text = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
     ModelSettings::parse(&text, &folder, defaults).map_err(|e| format!("{}: {e}", file.display()))
 }
@@ -48,7 +54,11 @@ pub fn scan(root: &Path, defaults: &ModelDefaults) -> Result<Vec<ModelDir>, Stri
             continue;
         }
         let settings = read_settings(&dir, defaults);
-        dirs.push(ModelDir { folder, dir, settings });
+        dirs.push(ModelDir {
+            folder,
+            dir,
+            settings,
+        });
     }
     dirs.sort_by(|a, b| a.folder.cmp(&b.folder));
     Ok(dirs)

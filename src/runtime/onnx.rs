@@ -32,7 +32,10 @@ pub fn find_library(configured: Option<&Path>) -> Result<PathBuf, RuntimeError> 
         return if p.is_file() {
             Ok(p.to_path_buf())
         } else {
-            Err(RuntimeError::Library(format!("ONNX Runtime library {} (from config) does not exist; {fix}", p.display())))
+            Err(RuntimeError::Library(format!(
+                "ONNX Runtime library {} (from config) does not exist; {fix}",
+                p.display()
+            )))
         };
     }
     if let Some(p) = std::env::var_os("ORT_DYLIB_PATH").filter(|p| !p.is_empty()) {
@@ -40,7 +43,10 @@ pub fn find_library(configured: Option<&Path>) -> Result<PathBuf, RuntimeError> 
         return if p.is_file() {
             Ok(p)
         } else {
-            Err(RuntimeError::Library(format!("ORT_DYLIB_PATH={} does not exist; {fix}", p.display())))
+            Err(RuntimeError::Library(format!(
+                "ORT_DYLIB_PATH={} does not exist; {fix}",
+                p.display()
+            )))
         };
     }
     let mut roots = vec![std::env::current_dir().unwrap_or_default()];
@@ -56,7 +62,9 @@ pub fn find_library(configured: Option<&Path>) -> Result<PathBuf, RuntimeError> 
             }
         }
     }
-    Err(RuntimeError::Library(format!("ONNX Runtime {ORT_VERSION} not found (no .ort/cpu/{LIB_FILE}); {fix}")))
+    Err(RuntimeError::Library(format!(
+        "ONNX Runtime {ORT_VERSION} not found (no .ort/cpu/{LIB_FILE}); {fix}"
+    )))
 }
 
 /// The ONNX Runtime implementation of [`Runtime`].
@@ -86,11 +94,18 @@ impl OnnxRuntime {
                     .build()
                     .map_err(|e| RuntimeError::Library(format!("cannot create the ONNX Runtime environment: {e}")))?;
                 let _ = ENVIRONMENT.set((env, library.to_path_buf()));
-                ENVIRONMENT.get().expect("environment was just set. This is a bug.")
+                ENVIRONMENT
+                    .get()
+                    .expect("environment was just set. This is a bug.")
             }
         };
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        Ok(OnnxRuntime { env, library: lib, cores, spinning })
+        Ok(OnnxRuntime {
+            env,
+            library: lib,
+            cores,
+            spinning,
+        })
     }
 
     /// The library this process loaded.
@@ -102,7 +117,9 @@ impl OnnxRuntime {
         // Without a thread budget across models (the pool's job), give each
         // instance an equal share of the cores so one model's sessions never
         // oversubscribe the machine on their own.
-        let intra = settings.intra_op_threads.unwrap_or((self.cores / settings.instances).max(1));
+        let intra = settings
+            .intra_op_threads
+            .unwrap_or((self.cores / settings.instances).max(1));
         Ok(ort::session::Session::builder(self.env)?
             .with_optimization_level(GraphOptimizationLevel::Level3)?
             .with_intra_threads(intra)?
@@ -134,7 +151,12 @@ impl OnnxRuntime {
 
     /// One session on `device` (CUDA registration failures are errors here;
     /// the fallback decision is made by the caller).
-    fn session_on(&self, path: &Path, settings: &ModelSettings, device: Device) -> Result<OnnxSession, String> {
+    fn session_on(
+        &self,
+        path: &Path,
+        settings: &ModelSettings,
+        device: Device,
+    ) -> Result<OnnxSession, String> {
         let mut builder = self.builder(settings).map_err(|e| e.to_string())?;
         if let Device::Cuda(id) = device {
             builder = builder
@@ -148,7 +170,10 @@ impl OnnxRuntime {
 
 impl Runtime for OnnxRuntime {
     fn load(&self, model: &str, path: &Path, settings: &ModelSettings) -> Result<LoadedModel, RuntimeError> {
-        let load_err = |message: String| RuntimeError::Load { path: path.display().to_string(), message };
+        let load_err = |message: String| RuntimeError::Load {
+            path: path.display().to_string(),
+            message,
+        };
         if !path.is_file() {
             return Err(load_err("file not found".into()));
         }
@@ -161,11 +186,20 @@ impl Runtime for OnnxRuntime {
         };
         // Decide the provider with the first instance, then place the rest.
         let devices: Vec<u32> = settings.device_ids.clone();
-        let cpu = |why: String| Ok::<_, RuntimeError>((self.session_on(path, settings, Device::Cpu).map_err(load_err)?, false, why));
+        let cpu = |why: String| {
+            Ok::<_, RuntimeError>((
+                self.session_on(path, settings, Device::Cpu).map_err(load_err)?,
+                false,
+                why,
+            ))
+        };
         let (first, on_cuda, reason) = match settings.execution_provider {
             ExecutionProvider::Cpu => cpu("execution_provider is \"cpu\"".into())?,
             ExecutionProvider::Cuda if !cuda_built => {
-                return Err(RuntimeError::Provider(format!("execution_provider \"cuda\": {}", no_cuda())));
+                return Err(RuntimeError::Provider(format!(
+                    "execution_provider \"cuda\": {}",
+                    no_cuda()
+                )));
             }
             ExecutionProvider::Cuda => match self.session_on(path, settings, Device::Cuda(devices[0])) {
                 Ok(s) => (s, true, "execution_provider is \"cuda\"".to_string()),
@@ -182,14 +216,25 @@ impl Runtime for OnnxRuntime {
                 Err(e) => cpu(format!("auto: CUDA is not usable ({e}); falling back to CPU"))?,
             },
         };
-        let signature = signature_of(&first.session).map_err(|e| RuntimeError::Unsupported(format!("model `{model}`: {e}")))?;
-        let device_of = |i: usize| if on_cuda { Device::Cuda(devices[i % devices.len()]) } else { Device::Cpu };
+        let signature = signature_of(&first.session)
+            .map_err(|e| RuntimeError::Unsupported(format!("model `{model}`: {e}")))?;
+        let device_of = |i: usize| {
+            if on_cuda {
+                Device::Cuda(devices[i % devices.len()])
+            } else {
+                Device::Cpu
+            }
+        };
         let mut sessions: Vec<(Device, Box<dyn Session>)> = vec![(device_of(0), Box::new(first))];
         for i in 1..settings.instances {
             let s = self.session_on(path, settings, device_of(i)).map_err(load_err)?;
             sessions.push((device_of(i), Box::new(s)));
         }
-        Ok(LoadedModel { signature, sessions, provider_reason: reason })
+        Ok(LoadedModel {
+            signature,
+            sessions,
+            provider_reason: reason,
+        })
     }
 }
 
@@ -216,16 +261,31 @@ fn dtype_of(ty: TensorElementType) -> Option<DataType> {
 fn spec_of(name: &str, ty: &ValueType) -> Result<TensorSpec, String> {
     match ty {
         ValueType::Tensor { ty, shape, .. } => {
-            let dtype = dtype_of(*ty).ok_or_else(|| format!("`{name}` has element type {ty}, which sluice cannot serve"))?;
-            Ok(TensorSpec { name: name.to_string(), dtype, shape: shape.iter().map(|&d| if d < 0 { -1 } else { d }).collect() })
+            let dtype = dtype_of(*ty)
+                .ok_or_else(|| format!("`{name}` has element type {ty}, which sluice cannot serve"))?;
+            Ok(TensorSpec {
+                name: name.to_string(),
+                dtype,
+                shape: shape.iter().map(|&d| if d < 0 { -1 } else { d }).collect(),
+            })
         }
-        other => Err(format!("`{name}` is a {other:?}, not a tensor; sluice serves tensor inputs and outputs only")),
+        other => Err(format!(
+            "`{name}` is a {other:?}, not a tensor; sluice serves tensor inputs and outputs only"
+        )),
     }
 }
 
 fn signature_of(session: &ort::session::Session) -> Result<Signature, String> {
-    let inputs = session.inputs().iter().map(|o| spec_of(o.name(), o.dtype())).collect::<Result<_, _>>()?;
-    let outputs = session.outputs().iter().map(|o| spec_of(o.name(), o.dtype())).collect::<Result<_, _>>()?;
+    let inputs = session
+        .inputs()
+        .iter()
+        .map(|o| spec_of(o.name(), o.dtype()))
+        .collect::<Result<_, _>>()?;
+    let outputs = session
+        .outputs()
+        .iter()
+        .map(|o| spec_of(o.name(), o.dtype()))
+        .collect::<Result<_, _>>()?;
     Ok(Signature { inputs, outputs })
 }
 
@@ -277,12 +337,19 @@ fn to_value(t: &Tensor) -> Result<DynValue, RuntimeError> {
 fn from_value(name: &str, v: &DynValue) -> Result<Tensor, RuntimeError> {
     let ty = match v.dtype() {
         ValueType::Tensor { ty, .. } => *ty,
-        other => return Err(RuntimeError::Unsupported(format!("output `{name}` is a {other:?}, not a tensor"))),
+        other => {
+            return Err(RuntimeError::Unsupported(format!(
+                "output `{name}` is a {other:?}, not a tensor"
+            )))
+        }
     };
     macro_rules! prim {
         ($t:ty, $var:ident) => {{
             let (shape, data) = v.try_extract_tensor::<$t>().map_err(RuntimeError::Run)?;
-            (shape.iter().map(|&d| d as usize).collect::<Vec<_>>(), TensorData::$var(data.to_vec()))
+            (
+                shape.iter().map(|&d| d as usize).collect::<Vec<_>>(),
+                TensorData::$var(data.to_vec()),
+            )
         }};
     }
     let (shape, data) = match ty {
@@ -306,9 +373,17 @@ fn from_value(name: &str, v: &DynValue) -> Result<Tensor, RuntimeError> {
                 TensorData::Bytes(strings.into_iter().map(String::into_bytes).collect()),
             )
         }
-        other => return Err(RuntimeError::Unsupported(format!("output `{name}` has element type {other}"))),
+        other => {
+            return Err(RuntimeError::Unsupported(format!(
+                "output `{name}` has element type {other}"
+            )))
+        }
     };
-    Ok(Tensor { name: name.to_string(), shape, data })
+    Ok(Tensor {
+        name: name.to_string(),
+        shape,
+        data,
+    })
 }
 
 impl Session for OnnxSession {
@@ -321,9 +396,9 @@ impl Session for OnnxSession {
         outputs
             .iter()
             .map(|name| {
-                let v = result
-                    .get(name)
-                    .ok_or_else(|| RuntimeError::Unsupported(format!("the session produced no output `{name}`")))?;
+                let v = result.get(name).ok_or_else(|| {
+                    RuntimeError::Unsupported(format!("the session produced no output `{name}`"))
+                })?;
                 from_value(name, v)
             })
             .collect()

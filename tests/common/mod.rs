@@ -1,0 +1,180 @@
+//! Shared end-to-end test helpers: a temp model repository built from the
+//! committed fixtures, and a real sluice server on 127.0.0.1 port 0 with
+//! real ONNX Runtime, stopped through its shutdown future.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice::config::Config;
+use sluice::runtime::onnx::{find_library, OnnxRuntime};
+
+/// The crate root (fixtures and the default repository live under it).
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// ONNX Runtime for this test process (one environment per process).
+pub fn runtime() -> Arc<OnnxRuntime> {
+    let lib = find_library(None)
+        .expect("ONNX Runtime not found: run scripts/fetch-onnxruntime.sh (make test does)");
+    Arc::new(OnnxRuntime::init(&lib, false).expect("cannot load ONNX Runtime"))
+}
+
+/// Copies a folder recursively.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
+/// A temp repository holding the named models, looked up in
+/// `tests/fixtures/models/` then `model-repository/`.
+pub fn repo_with(models: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for m in models {
+        let fixture = root().join("tests/fixtures/models").join(m);
+        let src = if fixture.is_dir() {
+            fixture
+        } else {
+            root().join("model-repository").join(m)
+        };
+        assert!(src.is_dir(), "no fixture model `{m}`");
+        copy_dir(&src, &dir.path().join(m));
+    }
+    dir
+}
+
+/// Writes `dir/<model>/model-settings.json`.
+pub fn write_settings(repo: &Path, model: &str, json: &str) {
+    std::fs::write(repo.join(model).join("model-settings.json"), json).unwrap();
+}
+
+/// A running server. Dropping it without `stop()` aborts it.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub client: reqwest::Client,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl TestServer {
+    /// Starts a server on `repo` (port 0) and waits until it is ready.
+    pub async fn start(repo: &Path) -> TestServer {
+        Self::start_with(repo, |_| {}).await
+    }
+
+    /// As [`TestServer::start`], after `tweak` adjusts the configuration.
+    pub async fn start_with(repo: &Path, tweak: impl FnOnce(&mut Config)) -> TestServer {
+        let mut cfg = Config::default();
+        cfg.http.host = [127, 0, 0, 1].into();
+        cfg.http.port = 0;
+        cfg.model_repository.path = repo.to_path_buf();
+        cfg.shutdown.grace_period_seconds = 5.0;
+        tweak(&mut cfg);
+        let server = sluice::Server::bind(cfg, runtime()).await.expect("bind");
+        let addr = server.http_addr();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(server.run(async move {
+            let _ = stopped.await;
+        }));
+        let s = TestServer {
+            addr,
+            client: reqwest::Client::new(),
+            stop: Some(stop),
+            task: Some(task),
+        };
+        s.wait_ready().await;
+        s
+    }
+
+    /// `http://127.0.0.1:PORT{path}`
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub async fn wait_ready(&self) {
+        for _ in 0..600 {
+            if let Ok(r) = self.client.get(self.url("/v2/health/ready")).send().await {
+                if r.status() == 200 {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("server did not turn ready in 30 s");
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, serde_json::Value) {
+        let r = self.client.get(self.url(path)).send().await.unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        )
+    }
+
+    pub async fn post(&self, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+        self.post_raw(path, serde_json::to_vec(body).unwrap()).await
+    }
+
+    pub async fn post_raw(&self, path: &str, body: Vec<u8>) -> (u16, serde_json::Value) {
+        let r = self.client.post(self.url(path)).body(body).send().await.unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        )
+    }
+
+    /// Begins shutdown and waits for the server to exit; returns its result.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.take().unwrap().await.unwrap()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+/// Reads a JSON fixture from `tests/fixtures/`.
+pub fn fixture(name: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(root().join("tests/fixtures").join(name)).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Asserts two float slices are equal within `tol` (absolute + relative).
+pub fn assert_close(got: &[f64], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol * (1.0 + w.abs()),
+            "{what}[{i}]: got {g}, want {w}"
+        );
+    }
+}
+
+/// Flattens nested JSON arrays of numbers into f64s.
+pub fn flat_f64(v: &serde_json::Value) -> Vec<f64> {
+    match v {
+        serde_json::Value::Array(a) => a.iter().flat_map(flat_f64).collect(),
+        serde_json::Value::Number(n) => vec![n.as_f64().unwrap()],
+        other => panic!("not a number: {other}"),
+    }
+}
