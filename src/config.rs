@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::settings::{BatchPolicyKind, ExecutionProvider, ModelDefaults};
 
 /// The whole configuration file, as written (raw values).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub http: HttpConfig,
@@ -24,7 +24,26 @@ pub struct Config {
     pub model_repository: RepositoryConfig,
     pub runtime: RuntimeConfig,
     pub model_defaults: ModelDefaultsConfig,
+    pub pool: PoolConfig,
     pub shutdown: ShutdownConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    /// Batches that may run at once on the CPU, across all models; 0 = auto.
+    pub cpu_concurrent_batches: usize,
+    /// Batches that may run at once on each GPU, across all models.
+    pub gpu_concurrent_batches: usize,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            cpu_concurrent_batches: 0,
+            gpu_concurrent_batches: 2,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -47,7 +66,7 @@ pub struct RepositoryConfig {
     pub path: PathBuf,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RuntimeConfig {
     /// Path to `libonnxruntime.so.1.31.x`; empty = `ORT_DYLIB_PATH`, then `.ort/`.
@@ -76,19 +95,6 @@ pub struct ShutdownConfig {
     pub grace_period_seconds: f64,
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            http: HttpConfig::default(),
-            grpc: GrpcConfig::default(),
-            model_repository: RepositoryConfig::default(),
-            runtime: RuntimeConfig::default(),
-            model_defaults: ModelDefaultsConfig::default(),
-            shutdown: ShutdownConfig::default(),
-        }
-    }
-}
-
 impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
@@ -109,15 +115,6 @@ impl Default for RepositoryConfig {
     fn default() -> Self {
         RepositoryConfig {
             path: PathBuf::from("model-repository"),
-        }
-    }
-}
-
-impl Default for RuntimeConfig {
-    fn default() -> Self {
-        RuntimeConfig {
-            onnxruntime_library: None,
-            intra_op_spinning: false,
         }
     }
 }
@@ -245,6 +242,12 @@ impl Config {
                 ));
             }
         }
+        if self.pool.cpu_concurrent_batches > 1024 || !(1..=64).contains(&self.pool.gpu_concurrent_batches) {
+            errs.push(format!(
+                "pool.cpu_concurrent_batches must be 0..=1024 and pool.gpu_concurrent_batches 1..=64, got {} and {}",
+                self.pool.cpu_concurrent_batches, self.pool.gpu_concurrent_batches
+            ));
+        }
         if self.http.max_body_bytes < 1024 {
             errs.push(format!(
                 "http.max_body_bytes must be at least 1024, got {}",
@@ -278,9 +281,31 @@ impl Config {
         }
     }
 
+    /// Batches that may run at once on the CPU: the configured value, or
+    /// half the cores (at least 1), since two intra-op threads per session is
+    /// where ONNX Runtime's per-batch speed-up flattens on small models.
+    pub fn cpu_concurrent_batches(&self) -> usize {
+        match self.pool.cpu_concurrent_batches {
+            0 => (cores() / 2).max(1),
+            n => n,
+        }
+    }
+
+    /// Intra-op threads of a session whose model does not set
+    /// `intra_op_threads`: the cores shared out among the batches that may
+    /// run at once, so concurrently running sessions never oversubscribe.
+    pub fn default_intra_op_threads(&self) -> usize {
+        (cores() / self.cpu_concurrent_batches()).max(1)
+    }
+
     pub fn grace_period(&self) -> Duration {
         Duration::from_secs_f64(self.shutdown.grace_period_seconds)
     }
+}
+
+/// Cores this process may use.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
 #[cfg(test)]

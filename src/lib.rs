@@ -17,6 +17,7 @@ pub mod batcher;
 pub mod config;
 pub mod error;
 pub mod http;
+pub mod metrics;
 pub mod model;
 pub mod pool;
 pub mod protocol;
@@ -54,12 +55,18 @@ impl Server {
         let listener = TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
+        let pool = pool::Pool::new(pool::PoolLimits {
+            cpu: config.cpu_concurrent_batches(),
+            gpu: config.pool.gpu_concurrent_batches,
+        });
         let repository = Arc::new(Repository::new(
             config.model_repository.path.clone(),
             config.model_defaults(),
             runtime,
+            pool,
         ));
         let state = AppState {
+            metrics: metrics::install(),
             registry: repository.registry(),
             ready: Arc::new(AtomicBool::new(false)),
             max_body_bytes: config.http.max_body_bytes,

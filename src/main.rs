@@ -120,7 +120,12 @@ fn load_config(file: Option<&Path>, cli: &CliOverrides) -> Result<Config, String
 
 fn runtime(cfg: &Config) -> Result<OnnxRuntime, String> {
     let lib = find_library(cfg.runtime.onnxruntime_library.as_deref()).map_err(|e| e.to_string())?;
-    let rt = OnnxRuntime::init(&lib, cfg.runtime.intra_op_spinning).map_err(|e| e.to_string())?;
+    let rt = OnnxRuntime::init(
+        &lib,
+        cfg.runtime.intra_op_spinning,
+        cfg.default_intra_op_threads(),
+    )
+    .map_err(|e| e.to_string())?;
     tracing::info!(library = %lib.display(), "ONNX Runtime loaded");
     Ok(rt)
 }
@@ -131,6 +136,11 @@ fn serve(file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
         Err(e) => return fail(e),
     };
     tracing::info!(config = ?cfg, "effective configuration");
+    tracing::info!(
+        cpu_concurrent_batches = cfg.cpu_concurrent_batches(),
+        default_intra_op_threads = cfg.default_intra_op_threads(),
+        "CPU thread budget"
+    );
     let rt = match runtime(&cfg) {
         Ok(r) => r,
         Err(e) => return fail(e),

@@ -1,72 +1,193 @@
-//! The request path between a model and its sessions. This is where the
-//! per-model adaptive batcher lives (SPEC §5); today it dispatches each
-//! request as its own batch, with the request's deadline enforced, so that
-//! handlers and sessions stay untouched when batching arrives.
+//! One adaptive batcher per model (SPEC §5). [`Batcher`] is the handle that
+//! requests use; the batching task (`task.rs`) owns the queue; `queue.rs` is
+//! its pure state and `policy.rs` the pure rule that decides when a batch
+//! closes.
+//!
+//! A request's rows are dim 0 of its inputs. A request with more rows than
+//! `max_batch_size` is split into chunks that fit (they may share batches
+//! with other requests) and its answer is reassembled in order: it is never
+//! refused for its size.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+mod policy;
+mod queue;
+mod task;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::{mpsc, oneshot, watch};
+
+pub use policy::{decide, Capacity, Decision, Trigger};
+pub use queue::{Entry, State};
+
 use crate::error::{Error, Result};
+use crate::metrics;
 use crate::model::settings::BatchSettings;
-use crate::pool::{ModelWorkers, RunError};
+use crate::pool::ModelWorkers;
 use crate::tensor::Tensor;
 
-/// Numbers batches process-wide, so `batchId` is unique across models.
-static NEXT_BATCH: AtomicU64 = AtomicU64::new(1);
-
-/// Handle to one model's batcher. Cheap to clone.
+/// Handle to one model's batcher. Cheap to clone. When the last clone is
+/// dropped, the batching task runs what is queued and exits.
 #[derive(Clone)]
 pub struct Batcher {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     model: Arc<str>,
-    settings: BatchSettings,
-    workers: Arc<ModelWorkers>,
+    /// Requests to the batching task, which holds the receiver.
+    entries: mpsc::UnboundedSender<Entry>,
+    /// Live batch settings; the batching task holds a receiver and reads the
+    /// current value at each decision (settings change without a restart).
+    settings: watch::Sender<BatchSettings>,
+    /// Requests admitted and not yet dispatched (shared with the task).
+    queued: Arc<AtomicUsize>,
+    /// Output names in signature order.
+    outputs: Vec<String>,
 }
 
 impl Batcher {
-    pub fn new(model: &str, settings: BatchSettings, workers: Arc<ModelWorkers>) -> Batcher {
-        Batcher {
+    /// Starts the batching task of `model` over its session workers.
+    pub fn spawn(
+        model: &str,
+        settings: BatchSettings,
+        workers: Arc<ModelWorkers>,
+        outputs: Vec<String>,
+    ) -> Batcher {
+        let (entries, rx) = mpsc::unbounded_channel();
+        let (settings_tx, settings_rx) = watch::channel(settings);
+        let queued = Arc::new(AtomicUsize::new(0));
+        let shared = Arc::new(task::Shared {
             model: model.into(),
-            settings,
             workers,
+            outputs: outputs.clone(),
+            queued: queued.clone(),
+        });
+        tokio::spawn(task::batching_task(shared, rx, settings_rx));
+        metrics::queue_size(model, 0);
+        Batcher {
+            inner: Arc::new(Inner {
+                model: model.into(),
+                entries,
+                settings: settings_tx,
+                queued,
+                outputs,
+            }),
         }
     }
 
-    /// Runs validated inputs and returns the requested outputs and the id of
-    /// the batch they ran in.
+    /// The current batch settings.
+    pub fn settings(&self) -> BatchSettings {
+        *self.inner.settings.borrow()
+    }
+
+    /// Applies new batch settings to the running batcher (no session rebuilt).
+    pub fn update(&self, settings: BatchSettings) {
+        self.inner.settings.send_replace(settings);
+    }
+
+    /// Requests waiting now.
+    pub fn queued(&self) -> usize {
+        self.inner.queued.load(Ordering::Acquire)
+    }
+
+    /// Queues validated inputs (signature order) and waits for the outputs
+    /// named in `outputs` and the id of the batch they ran in. The deadline
+    /// (`timeout`) counts from `arrival`.
     pub async fn submit(
         &self,
         inputs: Vec<Tensor>,
-        outputs: Vec<String>,
+        outputs: &[String],
         arrival: Instant,
     ) -> Result<(Vec<Tensor>, String)> {
-        let timeout = self.settings.timeout;
-        let deadline = arrival + timeout;
-        let batch_id = format!("{:016x}", NEXT_BATCH.fetch_add(1, Ordering::Relaxed));
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let run = self.workers.run(inputs, outputs, deadline);
-        match tokio::time::timeout(remaining.max(Duration::from_micros(1)), run).await {
-            Ok(Ok(tensors)) => Ok((tensors, batch_id)),
-            Ok(Err(RunError::Expired)) | Err(_) => Err(Error::DeadlineExceeded {
-                model: self.model.to_string(),
-                timeout,
-            }),
-            Ok(Err(RunError::Closed)) => Err(Error::ModelNotReady {
-                name: self.model.to_string(),
-                reason: "unloading".into(),
-            }),
-            Ok(Err(RunError::Runtime(crate::runtime::RuntimeError::InvalidInput(m)))) => {
-                Err(Error::InvalidInput(m))
+        let settings = self.settings();
+        let model = &self.inner.model;
+        // Admission: count the request before it is queued.
+        let before = self.inner.queued.fetch_add(1, Ordering::AcqRel);
+        if before >= settings.max_queue_size {
+            self.inner.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::Overloaded {
+                model: model.to_string(),
+                max_queue_size: settings.max_queue_size,
+                retry_after: Duration::from_secs(1),
+            });
+        }
+        metrics::queue_size(model, before + 1);
+        let deadline = arrival + settings.timeout;
+        let rows = inputs.first().map(Tensor::rows).unwrap_or(0);
+        let chunk = if settings.batching_enabled() {
+            settings.max_batch_size
+        } else {
+            rows.max(1)
+        };
+        let mut receivers = Vec::new();
+        let n_chunks = rows.div_ceil(chunk).max(1);
+        for c in 0..n_chunks {
+            let part: Vec<Tensor> = if n_chunks == 1 {
+                inputs.clone()
+            } else {
+                let end = ((c + 1) * chunk).min(rows);
+                inputs.iter().map(|t| t.slice_rows(c * chunk..end)).collect()
+            };
+            let (tx, rx) = oneshot::channel();
+            let mut entry = Entry::new(part, arrival, deadline, tx);
+            entry.releases_slot = c + 1 == n_chunks;
+            if self.inner.entries.send(entry).is_err() {
+                // Only possible if the task died; the slot was never queued.
+                self.inner.queued.fetch_sub(1, Ordering::AcqRel);
+                return Err(Error::ModelNotReady {
+                    name: model.to_string(),
+                    reason: "unloading".into(),
+                });
             }
-            Ok(Err(RunError::Runtime(e))) => {
-                let message = error_chain(&e);
-                tracing::warn!(model = %self.model, error = %message, "inference failed");
-                Err(Error::Runtime {
-                    model: self.model.to_string(),
-                    message: message.into(),
+            receivers.push(rx);
+        }
+        drop(inputs);
+        let wait = async {
+            let mut parts = Vec::with_capacity(receivers.len());
+            for rx in receivers {
+                let r = rx.await.map_err(|_| Error::ModelNotReady {
+                    name: model.to_string(),
+                    reason: "unloading".into(),
+                })?;
+                parts.push(r?);
+            }
+            Ok::<_, Error>(parts)
+        };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let parts = match tokio::time::timeout(remaining, wait).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(Error::DeadlineExceeded {
+                    model: model.to_string(),
+                    timeout: settings.timeout,
                 })
             }
-        }
+        };
+        Ok(self.assemble(parts, outputs))
+    }
+
+    /// Joins the chunks' outputs in order and keeps the requested ones.
+    fn assemble(&self, mut parts: Vec<(Vec<Tensor>, String)>, outputs: &[String]) -> (Vec<Tensor>, String) {
+        let batch_id = parts.last().map(|(_, id)| id.clone()).unwrap_or_default();
+        let all: Vec<Tensor> = if parts.len() == 1 {
+            parts.pop().expect("one part").0
+        } else {
+            (0..self.inner.outputs.len())
+                .map(|i| Tensor::concat_rows(&parts.iter().map(|(p, _)| &p[i]).collect::<Vec<_>>()))
+                .collect()
+        };
+        let mut all: Vec<Option<Tensor>> = all.into_iter().map(Some).collect();
+        let picked = outputs
+            .iter()
+            .filter_map(|name| {
+                all.iter_mut()
+                    .find(|t| t.as_ref().is_some_and(|t| &t.name == name))?
+                    .take()
+            })
+            .collect();
+        (picked, batch_id)
     }
 }
 

@@ -32,6 +32,8 @@ pub struct AppState {
     pub ready: Arc<AtomicBool>,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
+    /// Renders the process's Prometheus metrics for `/metrics`.
+    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
 }
 
 impl AppState {
@@ -57,9 +59,43 @@ pub fn router(state: AppState) -> Router {
         .route("/v2/models/{name}/infer", post(v2::infer))
         .route("/v2/models/{name}/versions/{version}/infer", post(v2::infer))
         .route("/v2/repository/index", post(v2::repository_index))
+        .route("/metrics", get(render_metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
+}
+
+/// `GET /metrics`: Prometheus text format.
+async fn render_metrics(
+    axum::extract::State(state): axum::extract::State<AppState>,
+) -> impl axum::response::IntoResponse {
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+}
+
+/// Records a finished inference request (`sluice_requests_total`,
+/// `sluice_request_duration_seconds`) and passes the result through.
+pub(crate) fn observe<T>(
+    registry: &Registry,
+    model: &str,
+    protocol: &'static str,
+    arrival: std::time::Instant,
+    result: Result<T, ApiError>,
+) -> Result<T, ApiError> {
+    let status = match &result {
+        Ok(_) => "ok",
+        Err(e) => e.0.kind().as_str(),
+    };
+    // Only names the registry knows become label values.
+    let label = if registry.get(model).is_some() {
+        model
+    } else {
+        crate::metrics::UNKNOWN_MODEL
+    };
+    crate::metrics::request(label, protocol, status, arrival.elapsed());
+    result
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {

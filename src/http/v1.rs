@@ -8,7 +8,7 @@ use axum::extract::{Path, State};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{body_bytes, parse_json, ApiError, AppState};
+use super::{body_bytes, observe, parse_json, ApiError, AppState};
 use crate::error::Error;
 use crate::model::state::ModelState;
 use crate::protocol::v1;
@@ -55,10 +55,14 @@ pub async fn predict(
             .into())
         }
     };
-    let bytes = body_bytes(body, state.max_body_bytes)?;
-    let model = state.registry.ready(name, None)?;
-    let value: Value = parse_json(&bytes)?;
-    let req = v1::decode(value, &model.signature)?;
-    let resp = model.infer(req, arrival).await?;
-    Ok(Json(v1::encode(&resp)))
+    let result = async {
+        let bytes = body_bytes(body, state.max_body_bytes)?;
+        let model = state.registry.ready(name, None)?;
+        let value: Value = parse_json(&bytes)?;
+        let req = v1::decode(value, &model.signature)?;
+        let resp = model.infer(req, arrival).await?;
+        Ok(Json(v1::encode(&resp)))
+    }
+    .await;
+    observe(&state.registry, name, "v1", arrival, result)
 }

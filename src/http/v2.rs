@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
 
-use super::{body_bytes, parse_json, ApiError, AppState};
+use super::{body_bytes, observe, parse_json, ApiError, AppState};
 use crate::protocol::v2::{InferenceRequest, InferenceResponse, ModelMetadata, ServerMetadata};
 use crate::protocol::InferRequest;
 
@@ -62,12 +62,16 @@ pub async fn infer(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<InferenceResponse>, ApiError> {
     let arrival = Instant::now();
-    let bytes = body_bytes(body, state.max_body_bytes)?;
-    let model = state.registry.ready(&p.name, p.version.as_deref())?;
-    let wire: InferenceRequest = parse_json(&bytes)?;
-    let req = InferRequest::try_from(wire)?;
-    let resp = model.infer(req, arrival).await?;
-    Ok(Json(InferenceResponse::from(&resp)))
+    let result = async {
+        let bytes = body_bytes(body, state.max_body_bytes)?;
+        let model = state.registry.ready(&p.name, p.version.as_deref())?;
+        let wire: InferenceRequest = parse_json(&bytes)?;
+        let req = InferRequest::try_from(wire)?;
+        let resp = model.infer(req, arrival).await?;
+        Ok(Json(InferenceResponse::from(&resp)))
+    }
+    .await;
+    observe(&state.registry, &p.name, "v2", arrival, result)
 }
 
 /// One model in the repository index.

@@ -3,6 +3,7 @@
 
 pub mod settings;
 pub mod state;
+pub mod warmup;
 
 use std::time::Instant;
 
@@ -41,6 +42,11 @@ impl ModelHandle {
         }
     }
 
+    /// The model's batcher (to apply new batch settings in place).
+    pub fn batcher(&self) -> &Batcher {
+        &self.batcher
+    }
+
     pub fn version(&self) -> Option<&str> {
         self.settings.version.as_deref()
     }
@@ -59,7 +65,7 @@ impl ModelHandle {
             Some(names) => names.clone(),
             None => self.signature.outputs.iter().map(|o| o.name.clone()).collect(),
         };
-        let (tensors, batch_id) = self.batcher.submit(req.inputs, outputs, arrival).await?;
+        let (tensors, batch_id) = self.batcher.submit(req.inputs, &outputs, arrival).await?;
         Ok(InferResponse {
             model_name: self.name.clone(),
             model_version: self.settings.version.clone(),

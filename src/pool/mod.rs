@@ -1,15 +1,26 @@
-//! Runs batches on ONNX Runtime sessions, on dedicated OS threads (never on
-//! the async runtime: `Session::run` blocks for the whole inference).
+//! The shared session pool (SPEC §6). Every model's sessions run on
+//! dedicated OS threads (never on the async runtime: `Session::run` blocks
+//! for the whole inference). One [`DeviceScheduler`] per device (the CPU,
+//! each GPU) bounds how many batches run on it at once across all models,
+//! and hands free slots to the oldest waiting batch first.
 //!
-//! Today each model owns its sessions: `ModelWorkers` starts one thread per
-//! instance, and all of them pull jobs from one bounded channel, so whichever
-//! session is free takes the next batch. The shared per-device scheduler
-//! (SPEC §6) replaces the channel here without changing `ModelWorkers::run`.
+//! A batch goes: model session slot (FIFO within the model) → device slot
+//! (oldest first across models) → the model's session thread. Both slots
+//! travel with the job and are released by the session thread when the run
+//! ends, so a caller that gives up can never leave the device
+//! oversubscribed.
 
+pub mod fair;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+
+pub use fair::{DevicePermit, DeviceScheduler};
 
 use crate::runtime::{Device, RuntimeError, Session};
 use crate::tensor::Tensor;
@@ -28,108 +39,199 @@ pub enum RunError {
     Closed,
 }
 
-/// One batch to run.
+/// How many batches may run at once on each kind of device.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolLimits {
+    pub cpu: usize,
+    pub gpu: usize,
+}
+
+/// The device schedulers, created on first use and shared by every model.
+pub struct Pool {
+    limits: PoolLimits,
+    /// One scheduler per device; written when a model first lands on a device.
+    devices: Mutex<HashMap<Device, Arc<DeviceScheduler>>>,
+}
+
+impl Pool {
+    pub fn new(limits: PoolLimits) -> Arc<Pool> {
+        Arc::new(Pool {
+            limits,
+            devices: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The scheduler of `device`.
+    pub fn scheduler(&self, device: Device) -> Arc<DeviceScheduler> {
+        let mut d = self.devices.lock().expect("pool lock poisoned");
+        d.entry(device)
+            .or_insert_with(|| {
+                let limit = match device {
+                    Device::Cpu => self.limits.cpu,
+                    Device::Cuda(_) => self.limits.gpu,
+                };
+                DeviceScheduler::new(device, limit)
+            })
+            .clone()
+    }
+}
+
+/// One batch on its way to a session thread.
 struct Job {
     inputs: Vec<Tensor>,
     outputs: Vec<String>,
     /// Past this instant the job is skipped, not run.
     deadline: Instant,
-    /// The caller awaits the result here; if it has hung up (client gone,
-    /// timeout), the worker skips the job.
+    /// The caller awaits the result here.
     reply: oneshot::Sender<Result<Vec<Tensor>, RunError>>,
+    /// Released by the session thread when the run ends.
+    _slots: (OwnedSemaphorePermit, DevicePermit),
+}
+
+/// The sessions of one model placed on one device.
+struct Group {
+    device: Device,
+    /// Jobs for this group's session threads (each holds a clone of the
+    /// receiver). Bounded by the number of sessions, and `sessions` permits
+    /// guarantee there is room, so a send never waits.
+    tx: crossbeam_channel::Sender<Job>,
+    /// One permit per session of the group: a batch holds one from before it
+    /// asks the device for a slot until its run ends.
+    sessions: Arc<Semaphore>,
+    scheduler: Arc<DeviceScheduler>,
 }
 
 /// The worker threads of one model's sessions.
 pub struct ModelWorkers {
-    /// Jobs for the worker threads; each thread holds a clone of the receiving
-    /// end. Dropping this sender (with the `ModelWorkers`) lets the threads
-    /// finish the jobs already queued and exit: that is how a model drains.
-    tx: Option<crossbeam_channel::Sender<Job>>,
-    threads: Vec<JoinHandle<()>>,
-    devices: Vec<Device>,
+    groups: Vec<Group>,
+    next_group: AtomicUsize,
+    instances: usize,
+    _threads: Vec<JoinHandle<()>>,
 }
 
+/// A warm-up outcome of one session.
+pub type WarmupResult = Result<(), String>;
+
 impl ModelWorkers {
-    /// Starts one thread per session.
-    pub fn spawn(model: &str, sessions: Vec<(Device, Box<dyn Session>)>) -> ModelWorkers {
-        // Bound: one waiting job per session. Batches form in front of it, so
-        // a deeper channel would only hide queueing from the batcher.
-        let (tx, rx) = crossbeam_channel::bounded::<Job>(sessions.len());
-        let mut threads = Vec::new();
-        let mut devices = Vec::new();
-        for (i, (device, mut session)) in sessions.into_iter().enumerate() {
-            devices.push(device);
-            let rx = rx.clone();
-            let name = format!("sluice-{model}-{i}");
-            let span = tracing::info_span!("session", model = %model, instance = i, device = %device);
-            let t = std::thread::Builder::new()
-                .name(name.chars().take(15).collect())
-                .spawn(move || {
-                    let _g = span.enter();
-                    while let Ok(job) = rx.recv() {
-                        if job.reply.is_closed() {
-                            tracing::debug!("caller went away before its batch ran; skipped");
-                            continue;
-                        }
-                        if Instant::now() >= job.deadline {
-                            let _ = job.reply.send(Err(RunError::Expired));
-                            continue;
-                        }
-                        let result = session.run(&job.inputs, &job.outputs).map_err(RunError::from);
-                        let _ = job.reply.send(result);
-                    }
-                    tracing::debug!("session thread exits");
-                })
-                .expect("cannot spawn a session thread");
-            threads.push(t);
+    /// Starts one thread per session. Each thread first runs the `warmup`
+    /// batches on its own session and reports through the returned
+    /// receivers, then serves jobs.
+    pub fn spawn(
+        model: &str,
+        sessions: Vec<(Device, Box<dyn Session>)>,
+        pool: &Pool,
+        warmup: Vec<Vec<Tensor>>,
+        outputs: Vec<String>,
+    ) -> (ModelWorkers, Vec<oneshot::Receiver<WarmupResult>>) {
+        let instances = sessions.len();
+        let mut by_device: Vec<(Device, Vec<Box<dyn Session>>)> = Vec::new();
+        for (device, s) in sessions {
+            match by_device.iter_mut().find(|(d, _)| *d == device) {
+                Some((_, v)) => v.push(s),
+                None => by_device.push((device, vec![s])),
+            }
         }
-        ModelWorkers {
-            tx: Some(tx),
-            threads,
-            devices,
+        let (mut groups, mut threads, mut warmed) = (Vec::new(), Vec::new(), Vec::new());
+        let mut instance = 0;
+        for (device, group_sessions) in by_device {
+            let (tx, rx) = crossbeam_channel::bounded::<Job>(group_sessions.len());
+            let permits = Arc::new(Semaphore::new(group_sessions.len()));
+            for mut session in group_sessions {
+                let rx = rx.clone();
+                let (warm_tx, warm_rx) = oneshot::channel();
+                warmed.push(warm_rx);
+                let (warmup, outputs) = (warmup.clone(), outputs.clone());
+                let span = tracing::info_span!("session", model = %model, instance, device = %device);
+                let t = std::thread::Builder::new()
+                    .name(format!("sluice-s{instance}-{model}").chars().take(15).collect())
+                    .spawn(move || {
+                        let _g = span.enter();
+                        let mut result = Ok(());
+                        for batch in &warmup {
+                            if let Err(e) = session.run(batch, &outputs) {
+                                let rows = batch.first().map(Tensor::rows).unwrap_or(0);
+                                result = Err(format!("warm-up batch of {rows} rows failed: {e}"));
+                                break;
+                            }
+                        }
+                        let _ = warm_tx.send(result);
+                        session_loop(session.as_mut(), rx);
+                    })
+                    .expect("cannot spawn a session thread");
+                threads.push(t);
+                instance += 1;
+            }
+            groups.push(Group {
+                device,
+                tx,
+                sessions: permits,
+                scheduler: pool.scheduler(device),
+            });
         }
+        let w = ModelWorkers {
+            groups,
+            next_group: AtomicUsize::new(0),
+            instances,
+            _threads: threads,
+        };
+        (w, warmed)
     }
 
-    /// The device each instance runs on.
-    pub fn devices(&self) -> &[Device] {
-        &self.devices
+    /// Number of sessions.
+    pub fn instances(&self) -> usize {
+        self.instances
     }
 
-    /// Runs one batch on the next free session and waits for its outputs.
+    /// The devices the model runs on.
+    pub fn devices(&self) -> Vec<Device> {
+        self.groups.iter().map(|g| g.device).collect()
+    }
+
+    /// Runs one batch and waits for its outputs. `oldest`: arrival of the
+    /// batch's oldest request (its place in the device's queue).
     pub async fn run(
         &self,
         inputs: Vec<Tensor>,
         outputs: Vec<String>,
+        oldest: Instant,
         deadline: Instant,
     ) -> Result<Vec<Tensor>, RunError> {
+        let i = self.next_group.fetch_add(1, Ordering::Relaxed) % self.groups.len();
+        let group = &self.groups[i];
+        let session = group
+            .sessions
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| RunError::Closed)?;
+        let device = group.scheduler.acquire(oldest).await;
         let (reply, rx) = oneshot::channel();
-        let tx = self.tx.as_ref().ok_or(RunError::Closed)?.clone();
         let job = Job {
             inputs,
             outputs,
             deadline,
             reply,
+            _slots: (session, device),
         };
-        // The channel is bounded; waiting for room must not block the async
-        // runtime, so the send happens on the blocking pool.
-        match tx.try_send(job) {
-            Ok(()) => {}
-            Err(crossbeam_channel::TrySendError::Full(job)) => {
-                tokio::task::spawn_blocking(move || tx.send(job).map_err(|_| RunError::Closed))
-                    .await
-                    .map_err(|_| RunError::Closed)??;
+        group.tx.try_send(job).map_err(|e| match e {
+            crossbeam_channel::TrySendError::Full(_) => {
+                unreachable!("a session permit guarantees room in the job channel. This is a bug.")
             }
-            Err(crossbeam_channel::TrySendError::Disconnected(_)) => return Err(RunError::Closed),
-        }
+            crossbeam_channel::TrySendError::Disconnected(_) => RunError::Closed,
+        })?;
         rx.await.map_err(|_| RunError::Closed)?
     }
 }
 
-impl Drop for ModelWorkers {
-    fn drop(&mut self) {
-        // Closing the channel ends each thread after it drains; the threads
-        // are detached so that dropping a model never blocks the caller.
-        self.tx.take();
-        self.threads.clear();
+/// Serves jobs until every sender is gone (the model was dropped).
+fn session_loop(session: &mut dyn Session, rx: crossbeam_channel::Receiver<Job>) {
+    while let Ok(job) = rx.recv() {
+        if Instant::now() >= job.deadline {
+            let _ = job.reply.send(Err(RunError::Expired));
+            continue;
+        }
+        let result = session.run(&job.inputs, &job.outputs).map_err(RunError::from);
+        let _ = job.reply.send(result);
     }
+    tracing::debug!("session thread exits");
 }

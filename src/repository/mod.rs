@@ -13,10 +13,12 @@ pub use registry::{ModelEntry, Registry};
 use scan::ModelDir;
 
 use crate::batcher::{error_chain, Batcher};
+use crate::metrics;
 use crate::model::settings::ModelDefaults;
 use crate::model::state::ModelState;
+use crate::model::warmup;
 use crate::model::ModelHandle;
-use crate::pool::ModelWorkers;
+use crate::pool::{ModelWorkers, Pool};
 use crate::runtime::Runtime;
 
 /// Owns the repository folder and every registry write.
@@ -24,15 +26,22 @@ pub struct Repository {
     root: PathBuf,
     defaults: ModelDefaults,
     runtime: Arc<dyn Runtime>,
+    pool: Arc<Pool>,
     registry: Arc<Registry>,
 }
 
 impl Repository {
-    pub fn new(root: PathBuf, defaults: ModelDefaults, runtime: Arc<dyn Runtime>) -> Repository {
+    pub fn new(
+        root: PathBuf,
+        defaults: ModelDefaults,
+        runtime: Arc<dyn Runtime>,
+        pool: Arc<Pool>,
+    ) -> Repository {
         Repository {
             root,
             defaults,
             runtime,
+            pool,
             registry: Arc::new(Registry::new()),
         }
     }
@@ -73,39 +82,37 @@ impl Repository {
         Ok(())
     }
 
-    /// Loads one model folder and publishes the result.
+    /// Loads one model folder and publishes the result: `READY`, or
+    /// `UNAVAILABLE` with the reason (also logged and counted).
     async fn load(&self, md: ModelDir) {
         let name = md.name().to_string();
-        let settings = match md.settings {
-            Ok(s) => s,
-            Err(reason) => {
-                tracing::error!(model = %name, error = %reason, "model settings are invalid; model not loaded");
-                self.publish(&name, &md.dir, None, ModelState::Unavailable { reason }, None);
-                return;
+        let version = md.settings.as_ref().ok().and_then(|s| s.version.clone());
+        if md.settings.is_ok() {
+            self.publish(&name, &md.dir, version.clone(), ModelState::Loading, None);
+        }
+        match self.build(&name, &md).await {
+            Ok(handle) => {
+                metrics::model_reload(&name, "loaded");
+                self.publish(&name, &md.dir, version, ModelState::Ready, Some(Arc::new(handle)));
             }
-        };
-        let version = settings.version.clone();
-        self.publish(&name, &md.dir, version.clone(), ModelState::Loading, None);
+            Err(reason) => {
+                tracing::error!(model = %name, folder = %md.dir.display(), error = %reason, "model not loaded");
+                metrics::model_reload(&name, "failed");
+                self.publish(&name, &md.dir, version, ModelState::Unavailable { reason }, None);
+            }
+        }
+    }
+
+    /// Settings → sessions → warm-up → batcher → handle.
+    async fn build(&self, name: &str, md: &ModelDir) -> Result<ModelHandle, String> {
+        let mut settings = md.settings.clone()?;
         let path = md.dir.join(&settings.uri);
         let runtime = self.runtime.clone();
-        let (n, p, s) = (name.clone(), path.clone(), settings.clone());
-        let loaded = tokio::task::spawn_blocking(move || runtime.load(&n, &p, &s)).await;
-        let loaded = match loaded {
-            Ok(Ok(l)) => l,
-            Ok(Err(e)) => {
-                let reason = error_chain(&e);
-                tracing::error!(model = %name, file = %path.display(), error = %reason, "model failed to load");
-                self.publish(&name, &md.dir, version, ModelState::Unavailable { reason }, None);
-                return;
-            }
-            Err(join) => {
-                let reason = format!("loading panicked: {join}");
-                tracing::error!(model = %name, file = %path.display(), error = %reason, "model failed to load");
-                self.publish(&name, &md.dir, version, ModelState::Unavailable { reason }, None);
-                return;
-            }
-        };
-        let mut settings = settings;
+        let (n, p, s) = (name.to_string(), path.clone(), settings.clone());
+        let loaded = tokio::task::spawn_blocking(move || runtime.load(&n, &p, &s))
+            .await
+            .map_err(|e| format!("loading panicked: {e}"))?
+            .map_err(|e| error_chain(&e))?;
         if settings.batching.batching_enabled() && !loaded.signature.batchable() {
             tracing::warn!(
                 model = %name,
@@ -114,26 +121,37 @@ impl Repository {
             settings.batching.max_batch_size = 1;
         }
         let devices: Vec<String> = loaded.sessions.iter().map(|(d, _)| d.to_string()).collect();
-        let workers = Arc::new(ModelWorkers::spawn(&name, loaded.sessions));
-        let batcher = Batcher::new(&name, settings.batching.clone(), workers);
+        let outputs: Vec<String> = loaded.signature.outputs.iter().map(|o| o.name.clone()).collect();
+        let warm = match settings.warmup {
+            true => warmup::batches(&loaded.signature, settings.batching.max_batch_size),
+            false => Vec::new(),
+        };
+        let started = std::time::Instant::now();
+        let (workers, warmed) = ModelWorkers::spawn(name, loaded.sessions, &self.pool, warm, outputs.clone());
+        for w in warmed {
+            w.await
+                .map_err(|_| "a session thread died during warm-up".to_string())??;
+        }
+        let batcher = Batcher::spawn(name, settings.batching, Arc::new(workers), outputs);
         tracing::info!(
             model = %name,
-            version = version.as_deref().unwrap_or("-"),
+            version = settings.version.as_deref().unwrap_or("-"),
             devices = %devices.join(","),
             provider = %loaded.provider_reason,
             inputs = %describe(&loaded.signature.inputs),
             outputs = %describe(&loaded.signature.outputs),
             max_batch_size = settings.batching.max_batch_size,
+            policy = ?settings.batching.policy,
+            warmup = ?started.elapsed(),
             "model ready"
         );
-        let handle = ModelHandle::new(
-            name.clone(),
+        Ok(ModelHandle::new(
+            name.to_string(),
             settings,
             loaded.signature,
             loaded.provider_reason,
             batcher,
-        );
-        self.publish(&name, &md.dir, version, ModelState::Ready, Some(Arc::new(handle)));
+        ))
     }
 
     fn publish(
@@ -144,6 +162,7 @@ impl Repository {
         state: ModelState,
         handle: Option<Arc<ModelHandle>>,
     ) {
+        metrics::model_ready(name, state == ModelState::Ready);
         self.registry.set(ModelEntry {
             name: name.to_string(),
             dir: dir.to_path_buf(),

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use ort::environment::Environment;
 use ort::ep::{self, ExecutionProvider as _};
-use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
+use ort::session::builder::{GraphOptimizationLevel, PrepackedWeights, SessionBuilder};
 use ort::value::{DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
 
 use super::{Device, LoadedModel, Runtime, RuntimeError, Session};
@@ -71,14 +71,17 @@ pub fn find_library(configured: Option<&Path>) -> Result<PathBuf, RuntimeError> 
 pub struct OnnxRuntime {
     env: &'static Environment,
     library: &'static Path,
-    cores: usize,
+    /// Intra-op threads for a model that does not set `intra_op_threads`.
+    default_intra: usize,
     spinning: bool,
 }
 
 impl OnnxRuntime {
     /// Loads the library (once per process) and creates the environment.
     /// A second call reuses the first environment.
-    pub fn init(library: &Path, spinning: bool) -> Result<OnnxRuntime, RuntimeError> {
+    /// `default_intra`: intra-op threads per session when a model does not
+    /// set `intra_op_threads` (the pool's thread budget, see `Config`).
+    pub fn init(library: &Path, spinning: bool, default_intra: usize) -> Result<OnnxRuntime, RuntimeError> {
         let (env, lib) = match ENVIRONMENT.get() {
             Some(e) => e,
             None => {
@@ -99,11 +102,10 @@ impl OnnxRuntime {
                     .expect("environment was just set. This is a bug.")
             }
         };
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         Ok(OnnxRuntime {
             env,
             library: lib,
-            cores,
+            default_intra: default_intra.max(1),
             spinning,
         })
     }
@@ -114,12 +116,9 @@ impl OnnxRuntime {
     }
 
     fn builder(&self, settings: &ModelSettings) -> ort::Result<SessionBuilder> {
-        // Without a thread budget across models (the pool's job), give each
-        // instance an equal share of the cores so one model's sessions never
-        // oversubscribe the machine on their own.
-        let intra = settings
-            .intra_op_threads
-            .unwrap_or((self.cores / settings.instances).max(1));
+        // The pool bounds how many batches run at once on the CPU; the
+        // default intra-op threads share the cores among those batches.
+        let intra = settings.intra_op_threads.unwrap_or(self.default_intra);
         Ok(ort::session::Session::builder(self.env)?
             .with_optimization_level(GraphOptimizationLevel::Level3)?
             .with_intra_threads(intra)?
@@ -156,8 +155,14 @@ impl OnnxRuntime {
         path: &Path,
         settings: &ModelSettings,
         device: Device,
+        shared: &PrepackedWeights,
     ) -> Result<OnnxSession, String> {
         let mut builder = self.builder(settings).map_err(|e| e.to_string())?;
+        // Instances of one model share their prepacked weights instead of
+        // each keeping its own copy.
+        builder = builder
+            .with_prepacked_weights(shared)
+            .map_err(|e| ort::Error::<()>::from(e).to_string())?;
         if let Device::Cuda(id) = device {
             builder = builder
                 .with_execution_providers([Self::cuda_ep(settings, id)])
@@ -186,9 +191,11 @@ impl Runtime for OnnxRuntime {
         };
         // Decide the provider with the first instance, then place the rest.
         let devices: Vec<u32> = settings.device_ids.clone();
+        let shared = PrepackedWeights::new();
         let cpu = |why: String| {
             Ok::<_, RuntimeError>((
-                self.session_on(path, settings, Device::Cpu).map_err(load_err)?,
+                self.session_on(path, settings, Device::Cpu, &shared)
+                    .map_err(load_err)?,
                 false,
                 why,
             ))
@@ -201,20 +208,24 @@ impl Runtime for OnnxRuntime {
                     no_cuda()
                 )));
             }
-            ExecutionProvider::Cuda => match self.session_on(path, settings, Device::Cuda(devices[0])) {
-                Ok(s) => (s, true, "execution_provider is \"cuda\"".to_string()),
-                Err(e) => {
-                    return Err(RuntimeError::Provider(format!(
-                        "execution_provider \"cuda\": CUDA device {} is not usable: {e}",
-                        devices[0]
-                    )))
+            ExecutionProvider::Cuda => {
+                match self.session_on(path, settings, Device::Cuda(devices[0]), &shared) {
+                    Ok(s) => (s, true, "execution_provider is \"cuda\"".to_string()),
+                    Err(e) => {
+                        return Err(RuntimeError::Provider(format!(
+                            "execution_provider \"cuda\": CUDA device {} is not usable: {e}",
+                            devices[0]
+                        )))
+                    }
                 }
-            },
+            }
             ExecutionProvider::Auto if !cuda_built => cpu(format!("auto: {}", no_cuda()))?,
-            ExecutionProvider::Auto => match self.session_on(path, settings, Device::Cuda(devices[0])) {
-                Ok(s) => (s, true, format!("auto: CUDA device {} is usable", devices[0])),
-                Err(e) => cpu(format!("auto: CUDA is not usable ({e}); falling back to CPU"))?,
-            },
+            ExecutionProvider::Auto => {
+                match self.session_on(path, settings, Device::Cuda(devices[0]), &shared) {
+                    Ok(s) => (s, true, format!("auto: CUDA device {} is usable", devices[0])),
+                    Err(e) => cpu(format!("auto: CUDA is not usable ({e}); falling back to CPU"))?,
+                }
+            }
         };
         let signature = signature_of(&first.session)
             .map_err(|e| RuntimeError::Unsupported(format!("model `{model}`: {e}")))?;
@@ -227,7 +238,9 @@ impl Runtime for OnnxRuntime {
         };
         let mut sessions: Vec<(Device, Box<dyn Session>)> = vec![(device_of(0), Box::new(first))];
         for i in 1..settings.instances {
-            let s = self.session_on(path, settings, device_of(i)).map_err(load_err)?;
+            let s = self
+                .session_on(path, settings, device_of(i), &shared)
+                .map_err(load_err)?;
             sessions.push((device_of(i), Box::new(s)));
         }
         Ok(LoadedModel {

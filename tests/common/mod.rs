@@ -20,7 +20,10 @@ pub fn root() -> PathBuf {
 pub fn runtime() -> Arc<OnnxRuntime> {
     let lib = find_library(None)
         .expect("ONNX Runtime not found: run scripts/fetch-onnxruntime.sh (make test does)");
-    Arc::new(OnnxRuntime::init(&lib, false).expect("cannot load ONNX Runtime"))
+    let cfg = Config::default();
+    Arc::new(
+        OnnxRuntime::init(&lib, false, cfg.default_intra_op_threads()).expect("cannot load ONNX Runtime"),
+    )
 }
 
 /// Copies a folder recursively.

@@ -1,0 +1,261 @@
+//! When to close a batch: `decide` looks at the queue, the clock, the
+//! model's batch settings and how many of its sessions are free, and says
+//! "flush now", "wait this long", or "nothing to do until something
+//! happens" (Triton's `GetDynamicBatch` returning a wait, 0 = send now).
+//!
+//! `fixed` (KServe / MLServer): flush when the batch holds `max_batch_size`
+//! rows or `max_batch_time` has passed since its oldest request.
+//!
+//! `adaptive` (default) never waits when waiting cannot grow the batch:
+//! - a full batch is flushed at once;
+//! - while every session of the model is busy, requests keep collecting and
+//!   no timer runs: the batch could not start earlier anyway, and it grows;
+//! - when a session is free and only one request waits, it runs now, so at
+//!   low load a request's latency is the model's compute time;
+//! - when a session is free and several requests wait, it waits for more
+//!   only if the measured arrival rate expects the next request before the
+//!   batch's deadline (oldest arrival + `max_batch_time`), and at most until
+//!   twice the mean gap after the last arrival; otherwise it runs now.
+
+use std::time::{Duration, Instant};
+
+use super::queue::State;
+use crate::model::settings::{BatchPolicyKind, BatchSettings};
+
+/// Why a batch closed (the `trigger` label of `sluice_batches_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// It reached `max_batch_size` rows (or batching is off: every request is a batch).
+    Size,
+    /// `max_batch_time` passed since its oldest request.
+    Time,
+    /// The adaptive policy saw that waiting could not grow it.
+    Adaptive,
+    /// The model is unloading: whatever is queued runs now.
+    Drain,
+}
+
+impl Trigger {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Size => "size",
+            Trigger::Time => "time",
+            Trigger::Adaptive => "adaptive",
+            Trigger::Drain => "drain",
+        }
+    }
+}
+
+/// What the batching task should do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Form a batch now.
+    Flush(Trigger),
+    /// Decide again after this long (or sooner, if something happens).
+    Wait(Duration),
+    /// Decide again when a request arrives or a session frees up.
+    Idle,
+}
+
+/// How many of the model's batches can start now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// Sessions of this model with no batch.
+    pub free_sessions: usize,
+    /// True when one more batch may be formed ahead (all sessions busy and
+    /// no batch already waiting for one).
+    pub can_form_ahead: bool,
+}
+
+impl Capacity {
+    /// `in_flight` batches dispatched and not finished, of `instances` sessions.
+    pub fn new(instances: usize, in_flight: usize) -> Capacity {
+        Capacity {
+            free_sessions: instances.saturating_sub(in_flight),
+            can_form_ahead: in_flight < instances + 1,
+        }
+    }
+
+    fn any(self) -> bool {
+        self.free_sessions > 0 || self.can_form_ahead
+    }
+}
+
+/// The batching rule (see the module docs).
+pub fn decide(state: &State, now: Instant, settings: &BatchSettings, cap: Capacity) -> Decision {
+    let Some(oldest) = state.oldest() else {
+        return Decision::Idle;
+    };
+    if !settings.batching_enabled() || state.batchable_rows() >= settings.max_batch_size {
+        return if cap.any() {
+            Decision::Flush(Trigger::Size)
+        } else {
+            Decision::Idle
+        };
+    }
+    let deadline = oldest + settings.max_batch_time;
+    match settings.policy {
+        BatchPolicyKind::Fixed => {
+            if now < deadline {
+                Decision::Wait(deadline - now)
+            } else if cap.any() {
+                Decision::Flush(Trigger::Time)
+            } else {
+                Decision::Idle
+            }
+        }
+        BatchPolicyKind::Adaptive => {
+            if cap.free_sessions == 0 {
+                return Decision::Idle;
+            }
+            if now >= deadline {
+                return Decision::Flush(Trigger::Time);
+            }
+            if state.len() == 1 {
+                return Decision::Flush(Trigger::Adaptive);
+            }
+            match state.next_arrival_expected() {
+                Some(expected) if expected <= deadline => {
+                    // Slack of one more mean gap for jitter, never past the deadline.
+                    let until =
+                        (expected + (expected - state.last_arrival().unwrap_or(expected))).min(deadline);
+                    if until > now {
+                        Decision::Wait(until - now)
+                    } else {
+                        Decision::Flush(Trigger::Adaptive)
+                    }
+                }
+                _ => Decision::Flush(Trigger::Adaptive),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batcher::queue::tests::entry;
+
+    fn settings(policy: BatchPolicyKind, max: usize, wait_ms: u64) -> BatchSettings {
+        BatchSettings {
+            max_batch_size: max,
+            max_batch_time: Duration::from_millis(wait_ms),
+            policy,
+            max_queue_size: 100,
+            timeout: Duration::from_secs(60),
+        }
+    }
+
+    const FREE: Capacity = Capacity {
+        free_sessions: 1,
+        can_form_ahead: true,
+    };
+    const BUSY: Capacity = Capacity {
+        free_sessions: 0,
+        can_form_ahead: true,
+    };
+    const FULL: Capacity = Capacity {
+        free_sessions: 0,
+        can_form_ahead: false,
+    };
+
+    #[test]
+    fn fixed_waits_for_size_or_time() {
+        let t0 = Instant::now();
+        let s = settings(BatchPolicyKind::Fixed, 4, 500);
+        let mut q = State::new();
+        let (e, _r) = entry(1, 2, t0);
+        q.push(e);
+        // One request, session free: fixed still waits the whole max_batch_time.
+        assert_eq!(
+            decide(&q, t0, &s, FREE),
+            Decision::Wait(Duration::from_millis(500))
+        );
+        assert_eq!(
+            decide(&q, t0 + Duration::from_millis(200), &s, FREE),
+            Decision::Wait(Duration::from_millis(300))
+        );
+        assert_eq!(
+            decide(&q, t0 + Duration::from_millis(500), &s, FREE),
+            Decision::Flush(Trigger::Time)
+        );
+        // Past the deadline with no capacity: wait for a session.
+        assert_eq!(
+            decide(&q, t0 + Duration::from_millis(600), &s, FULL),
+            Decision::Idle
+        );
+        let (e, _r2) = entry(3, 2, t0);
+        q.push(e);
+        assert_eq!(decide(&q, t0, &s, BUSY), Decision::Flush(Trigger::Size));
+    }
+
+    #[test]
+    fn adaptive_runs_a_lone_request_at_once() {
+        let t0 = Instant::now();
+        let s = settings(BatchPolicyKind::Adaptive, 32, 500);
+        let mut q = State::new();
+        let (e, _r) = entry(1, 2, t0);
+        q.push(e);
+        assert_eq!(decide(&q, t0, &s, FREE), Decision::Flush(Trigger::Adaptive));
+        // Every session busy: collect, no timer.
+        assert_eq!(decide(&q, t0, &s, BUSY), Decision::Idle);
+    }
+
+    #[test]
+    fn adaptive_waits_only_when_the_next_arrival_is_expected_before_the_deadline() {
+        let t0 = Instant::now();
+        let s = settings(BatchPolicyKind::Adaptive, 32, 10);
+        let mut q = State::new();
+        let mut keep = Vec::new();
+        for i in 0..3 {
+            let (e, r) = entry(1, 2, t0 + Duration::from_millis(i));
+            keep.push(r);
+            q.push(e);
+        }
+        // Mean gap 1 ms, last arrival at 2 ms: expect one at 3 ms; wait until 4 ms.
+        let now = t0 + Duration::from_millis(2);
+        assert_eq!(
+            decide(&q, now, &s, FREE),
+            Decision::Wait(Duration::from_millis(2))
+        );
+        // Nothing came by 4 ms: run now.
+        assert_eq!(
+            decide(&q, t0 + Duration::from_millis(4), &s, FREE),
+            Decision::Flush(Trigger::Adaptive)
+        );
+
+        // Slow arrivals (5 ms gaps) with a 3 ms max_batch_time: no wait.
+        let s = settings(BatchPolicyKind::Adaptive, 32, 3);
+        let mut q = State::new();
+        for i in 0..2 {
+            let (e, r) = entry(1, 2, t0 + Duration::from_millis(5 * i));
+            keep.push(r);
+            q.push(e);
+        }
+        assert_eq!(
+            decide(&q, t0 + Duration::from_millis(5), &s, FREE),
+            Decision::Flush(Trigger::Time)
+        );
+    }
+
+    #[test]
+    fn batching_off_flushes_every_request_alone() {
+        let t0 = Instant::now();
+        let s = settings(BatchPolicyKind::Fixed, 1, 500);
+        let mut q = State::new();
+        let (e, _r) = entry(5, 2, t0);
+        q.push(e);
+        assert_eq!(decide(&q, t0, &s, FREE), Decision::Flush(Trigger::Size));
+        assert_eq!(decide(&q, t0, &s, FULL), Decision::Idle);
+    }
+
+    #[test]
+    fn zero_batch_time_never_waits() {
+        let t0 = Instant::now();
+        let s = settings(BatchPolicyKind::Fixed, 8, 0);
+        let mut q = State::new();
+        let (e, _r) = entry(1, 2, t0);
+        q.push(e);
+        assert_eq!(decide(&q, t0, &s, FREE), Decision::Flush(Trigger::Time));
+    }
+}

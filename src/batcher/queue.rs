@@ -1,0 +1,278 @@
+//! The pure state of one model's queue: entries waiting to be batched, how
+//! they group (requests with different trailing dims never share a batch),
+//! and an estimate of the arrival rate. No channels, no clock reads: the
+//! batching task owns one `State` and passes `now` in, so every rule here is
+//! unit-tested directly.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use crate::error::Error;
+use crate::tensor::Tensor;
+
+/// What a request (or one chunk of an oversize request) gets back: every
+/// output of the model for its own rows, and the id of its batch.
+pub type EntryResult = Result<(Vec<Tensor>, String), Error>;
+
+/// One request, or one chunk of a request larger than `max_batch_size`.
+#[derive(Debug)]
+pub struct Entry {
+    /// Inputs in signature order, all with `rows` rows in dim 0.
+    pub inputs: Vec<Tensor>,
+    pub rows: usize,
+    /// Trailing dims of every input: entries batch together only when equal.
+    pub key: Vec<Vec<usize>>,
+    pub arrival: Instant,
+    /// Past this instant the entry is answered 504 and never run.
+    pub deadline: Instant,
+    /// The submitting request awaits here; closed when the client went away.
+    pub reply: oneshot::Sender<EntryResult>,
+    /// True for a request's last chunk (or its only entry): when it leaves
+    /// the queue, the request no longer counts against `max_queue_size`.
+    pub releases_slot: bool,
+}
+
+impl Entry {
+    /// Builds an entry, deriving rows and the grouping key from `inputs`.
+    pub fn new(
+        inputs: Vec<Tensor>,
+        arrival: Instant,
+        deadline: Instant,
+        reply: oneshot::Sender<EntryResult>,
+    ) -> Entry {
+        let rows = inputs.first().map(Tensor::rows).unwrap_or(0);
+        let key = inputs
+            .iter()
+            .map(|t| t.shape.iter().skip(1).copied().collect())
+            .collect();
+        Entry {
+            inputs,
+            rows,
+            key,
+            arrival,
+            deadline,
+            reply,
+            releases_slot: true,
+        }
+    }
+}
+
+/// Why an entry left the queue without running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dropped {
+    /// Its deadline passed while it waited.
+    Expired,
+    /// Its client hung up before the batch formed.
+    ClientGone,
+}
+
+/// Entries waiting for one model, oldest first.
+#[derive(Debug, Default)]
+pub struct State {
+    entries: VecDeque<Entry>,
+    /// Exponentially weighted mean gap between arrivals (None until two arrived).
+    mean_gap: Option<Duration>,
+    last_arrival: Option<Instant>,
+}
+
+/// Weight of the newest gap in the arrival-rate estimate.
+const GAP_WEIGHT: f64 = 0.2;
+
+impl State {
+    pub fn new() -> State {
+        State::default()
+    }
+
+    /// Appends an entry and updates the arrival-rate estimate.
+    pub fn push(&mut self, entry: Entry) {
+        if let Some(last) = self.last_arrival {
+            let gap = entry.arrival.saturating_duration_since(last);
+            self.mean_gap = Some(match self.mean_gap {
+                None => gap,
+                Some(m) => m.mul_f64(1.0 - GAP_WEIGHT) + gap.mul_f64(GAP_WEIGHT),
+            });
+        }
+        self.last_arrival = Some(self.last_arrival.map_or(entry.arrival, |l| l.max(entry.arrival)));
+        self.entries.push_back(entry);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Requests (entries) waiting.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Arrival of the oldest waiting entry.
+    pub fn oldest(&self) -> Option<Instant> {
+        self.entries.front().map(|e| e.arrival)
+    }
+
+    /// Rows of the entries that would join the oldest entry's batch.
+    pub fn batchable_rows(&self) -> usize {
+        let Some(first) = self.entries.front() else {
+            return 0;
+        };
+        self.entries
+            .iter()
+            .filter(|e| e.key == first.key)
+            .map(|e| e.rows)
+            .sum()
+    }
+
+    /// Arrival of the newest entry seen.
+    pub fn last_arrival(&self) -> Option<Instant> {
+        self.last_arrival
+    }
+
+    /// When the next arrival is expected, from the mean gap (None: no estimate yet).
+    pub fn next_arrival_expected(&self) -> Option<Instant> {
+        Some(self.last_arrival? + self.mean_gap?)
+    }
+
+    /// Removes entries that expired or whose client left; returns them with why.
+    pub fn remove_dead(&mut self, now: Instant) -> Vec<(Entry, Dropped)> {
+        let mut dead = Vec::new();
+        let mut kept = VecDeque::with_capacity(self.entries.len());
+        for e in self.entries.drain(..) {
+            // Expiry first: at its deadline the request's own wait gives up
+            // and closes the reply, which is not the client leaving.
+            if now >= e.deadline {
+                dead.push((e, Dropped::Expired));
+            } else if e.reply.is_closed() {
+                dead.push((e, Dropped::ClientGone));
+            } else {
+                kept.push_back(e);
+            }
+        }
+        self.entries = kept;
+        dead
+    }
+
+    /// Takes the oldest entry and, in arrival order, every later entry with
+    /// the same key while the batch stays within `max_rows` rows. The oldest
+    /// entry is always taken (the batcher splits entries to fit beforehand).
+    pub fn take_batch(&mut self, max_rows: usize) -> Vec<Entry> {
+        let Some(first) = self.entries.pop_front() else {
+            return Vec::new();
+        };
+        let mut rows = first.rows;
+        let key = first.key.clone();
+        let mut batch = vec![first];
+        let mut rest = VecDeque::with_capacity(self.entries.len());
+        for e in self.entries.drain(..) {
+            if e.key == key && rows + e.rows <= max_rows {
+                rows += e.rows;
+                batch.push(e);
+            } else {
+                rest.push_back(e);
+            }
+        }
+        self.entries = rest;
+        batch
+    }
+
+    /// Takes every entry (for a drain), oldest first.
+    pub fn take_all(&mut self) -> Vec<Entry> {
+        self.entries.drain(..).collect()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::tensor::TensorData;
+
+    /// An entry with `rows` rows of width `width`; keep the receiver alive
+    /// or the entry counts as abandoned.
+    pub(crate) fn entry(
+        rows: usize,
+        width: usize,
+        arrival: Instant,
+    ) -> (Entry, oneshot::Receiver<EntryResult>) {
+        let (tx, rx) = oneshot::channel();
+        let t = Tensor::new("x", vec![rows, width], TensorData::F32(vec![0.0; rows * width])).unwrap();
+        (
+            Entry::new(vec![t], arrival, arrival + Duration::from_secs(60), tx),
+            rx,
+        )
+    }
+
+    #[test]
+    fn take_batch_respects_max_rows_and_order() {
+        let now = Instant::now();
+        let mut s = State::new();
+        let mut keep = Vec::new();
+        for rows in [3, 4, 2, 5] {
+            let (e, rx) = entry(rows, 2, now);
+            keep.push(rx);
+            s.push(e);
+        }
+        let b = s.take_batch(8);
+        // 3 + 4 fit; 2 would make 9; 5 too: skipped entries keep their place.
+        assert_eq!(b.iter().map(|e| e.rows).collect::<Vec<_>>(), vec![3, 4]);
+        assert_eq!(
+            s.take_batch(8).iter().map(|e| e.rows).collect::<Vec<_>>(),
+            vec![2, 5]
+        );
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn different_trailing_dims_never_share_a_batch() {
+        let now = Instant::now();
+        let mut s = State::new();
+        let (a, _ra) = entry(1, 4, now);
+        let (b, _rb) = entry(1, 5, now);
+        let (c, _rc) = entry(1, 4, now);
+        s.push(a);
+        s.push(b);
+        s.push(c);
+        assert_eq!(s.batchable_rows(), 2);
+        let first = s.take_batch(32);
+        assert_eq!(first.len(), 2);
+        assert!(first.iter().all(|e| e.key == vec![vec![4]]));
+        let second = s.take_batch(32);
+        assert_eq!(second.len(), 1);
+        assert_eq!(second[0].key, vec![vec![5]]);
+    }
+
+    #[test]
+    fn remove_dead_finds_expired_and_abandoned() {
+        let now = Instant::now();
+        let mut s = State::new();
+        let (a, ra) = entry(1, 1, now);
+        let (mut b, _rb) = entry(1, 1, now);
+        b.deadline = now + Duration::from_millis(5);
+        let (c, _rc) = entry(1, 1, now);
+        s.push(a);
+        s.push(b);
+        s.push(c);
+        drop(ra);
+        let dead = s.remove_dead(now + Duration::from_millis(10));
+        assert_eq!(
+            dead.iter().map(|(_, why)| *why).collect::<Vec<_>>(),
+            vec![Dropped::ClientGone, Dropped::Expired]
+        );
+        assert_eq!(s.len(), 1);
+    }
+
+    #[test]
+    fn arrival_rate_estimate_follows_gaps() {
+        let t0 = Instant::now();
+        let mut s = State::new();
+        let mut keep = Vec::new();
+        assert_eq!(s.next_arrival_expected(), None);
+        for i in 0..10 {
+            let (e, rx) = entry(1, 1, t0 + Duration::from_millis(i));
+            keep.push(rx);
+            s.push(e);
+        }
+        let next = s.next_arrival_expected().unwrap();
+        assert_eq!(next, t0 + Duration::from_millis(10));
+    }
+}

@@ -1,0 +1,239 @@
+//! The batching task: one tokio task per model that owns the queue
+//! [`State`], asks [`decide`] what to do, forms batches, and hands each to
+//! the pool on a task of its own. It exits once every [`Batcher`] handle is
+//! gone and the queue has drained (every accepted request answered).
+//!
+//! [`Batcher`]: super::Batcher
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::{mpsc, watch};
+
+use super::policy::{decide, Capacity, Decision, Trigger};
+use super::queue::{Dropped, Entry, State};
+use crate::error::Error;
+use crate::metrics;
+use crate::model::settings::BatchSettings;
+use crate::pool::{ModelWorkers, RunError};
+use crate::runtime::RuntimeError;
+use crate::tensor::Tensor;
+
+/// Numbers batches process-wide, so a `batchId` is unique across models.
+static NEXT_BATCH: AtomicU64 = AtomicU64::new(1);
+
+/// What the batching task shares with its batch tasks.
+pub(super) struct Shared {
+    pub model: Arc<str>,
+    pub workers: Arc<ModelWorkers>,
+    /// Every output of the model, in signature order: a batch computes all of
+    /// them and each request keeps the ones it asked for.
+    pub outputs: Vec<String>,
+    /// Requests waiting (admitted, not yet dispatched). Incremented by
+    /// `Batcher::submit`, decremented here when a request leaves the queue.
+    pub queued: Arc<AtomicUsize>,
+}
+
+/// The loop. `entries`: requests from every `Batcher` handle (closed when
+/// the last handle is dropped); `settings`: live batch settings.
+pub(super) async fn batching_task(
+    shared: Arc<Shared>,
+    mut entries: mpsc::UnboundedReceiver<Entry>,
+    mut settings: watch::Receiver<BatchSettings>,
+) {
+    let mut state = State::new();
+    // Each batch task sends one message here when its batch has finished.
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<()>();
+    let instances = shared.workers.instances();
+    let mut in_flight = 0usize;
+    let mut open = true;
+    loop {
+        let now = Instant::now();
+        for (entry, why) in state.remove_dead(now) {
+            leave_queue(&shared, &entry);
+            match why {
+                Dropped::Expired => {
+                    metrics::dropped(&shared.model, "expired");
+                    let timeout = entry.deadline.saturating_duration_since(entry.arrival);
+                    let _ = entry.reply.send(Err(Error::DeadlineExceeded {
+                        model: shared.model.to_string(),
+                        timeout,
+                    }));
+                }
+                Dropped::ClientGone => metrics::dropped(&shared.model, "client_gone"),
+            }
+        }
+        if !open {
+            // Draining: run everything left, then wait for the runs to end.
+            if !state.is_empty() && in_flight <= instances {
+                let batch = state.take_batch(settings.borrow().max_batch_size.max(1));
+                in_flight += 1;
+                dispatch(&shared, batch, Trigger::Drain, done_tx.clone());
+                continue;
+            }
+            if state.is_empty() && in_flight == 0 {
+                break;
+            }
+            if done_rx.recv().await.is_some() {
+                in_flight -= 1;
+            }
+            continue;
+        }
+        let current = *settings.borrow();
+        let wait = match decide(&state, now, &current, Capacity::new(instances, in_flight)) {
+            Decision::Flush(trigger) => {
+                let batch = state.take_batch(current.max_batch_size.max(1));
+                in_flight += 1;
+                dispatch(&shared, batch, trigger, done_tx.clone());
+                continue;
+            }
+            Decision::Wait(d) => Some(d),
+            Decision::Idle => None,
+        };
+        let sleep = async {
+            match wait {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            Some(()) = done_rx.recv() => in_flight -= 1,
+            e = entries.recv() => match e {
+                Some(e) => {
+                    state.push(e);
+                    // Take whatever else is already there before deciding.
+                    while let Ok(e) = entries.try_recv() {
+                        state.push(e);
+                    }
+                }
+                None => open = false,
+            },
+            Ok(()) = settings.changed() => {}
+            () = sleep => {}
+        }
+    }
+    tracing::debug!(model = %shared.model, "batcher drained and stopped");
+}
+
+/// Releases an entry's queue slot (for a request's last chunk).
+fn leave_queue(shared: &Shared, entry: &Entry) {
+    if entry.releases_slot {
+        let left = shared.queued.fetch_sub(1, Ordering::AcqRel) - 1;
+        metrics::queue_size(&shared.model, left);
+    }
+}
+
+/// Records the batch and runs it on a task of its own.
+fn dispatch(shared: &Arc<Shared>, batch: Vec<Entry>, trigger: Trigger, done: mpsc::UnboundedSender<()>) {
+    let now = Instant::now();
+    let rows: usize = batch.iter().map(|e| e.rows).sum();
+    metrics::batch_dispatched(&shared.model, rows, trigger.as_str());
+    for e in &batch {
+        metrics::queue_delay(&shared.model, now.saturating_duration_since(e.arrival));
+        leave_queue(shared, e);
+    }
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        run_batch(&shared, batch).await;
+        let _ = done.send(());
+    });
+}
+
+/// Runs one batch and answers each entry with its own rows. A batch that
+/// fails inside ONNX Runtime is retried entry by entry, so that one bad
+/// request fails alone.
+async fn run_batch(shared: &Shared, batch: Vec<Entry>) {
+    let batch_id = format!("{:016x}", NEXT_BATCH.fetch_add(1, Ordering::Relaxed));
+    let result = run(shared, &batch).await;
+    match result {
+        Ok(outputs) => {
+            let mut offset = 0;
+            for e in batch {
+                let mine = outputs
+                    .iter()
+                    .map(|t| t.slice_rows(offset..offset + e.rows))
+                    .collect();
+                offset += e.rows;
+                let _ = e.reply.send(Ok((mine, batch_id.clone())));
+            }
+        }
+        Err(err) if batch.len() > 1 && matches!(err, Error::Runtime { .. } | Error::InvalidInput(_)) => {
+            tracing::warn!(model = %shared.model, requests = batch.len(), error = %err, "batch failed; retrying its requests one by one");
+            for e in batch {
+                let one = std::slice::from_ref(&e);
+                let id = format!("{:016x}", NEXT_BATCH.fetch_add(1, Ordering::Relaxed));
+                let r = run(shared, one).await.map(|o| (o, id));
+                let _ = e.reply.send(r);
+            }
+        }
+        Err(err) => {
+            for e in batch {
+                let _ = e.reply.send(Err(err.clone()));
+            }
+        }
+    }
+}
+
+/// Concatenates the entries' inputs, runs them, and checks that every
+/// output has one row per input row.
+async fn run(shared: &Shared, batch: &[Entry]) -> Result<Vec<Tensor>, Error> {
+    let rows: usize = batch.iter().map(|e| e.rows).sum();
+    let inputs: Vec<Tensor> = if batch.len() == 1 {
+        batch[0].inputs.clone()
+    } else {
+        (0..batch[0].inputs.len())
+            .map(|i| Tensor::concat_rows(&batch.iter().map(|e| &e.inputs[i]).collect::<Vec<_>>()))
+            .collect()
+    };
+    let oldest = batch
+        .iter()
+        .map(|e| e.arrival)
+        .min()
+        .expect("a batch is never empty. This is a bug.");
+    let deadline = batch
+        .iter()
+        .map(|e| e.deadline)
+        .max()
+        .expect("a batch is never empty. This is a bug.");
+    let started = Instant::now();
+    let result = shared
+        .workers
+        .run(inputs, shared.outputs.clone(), oldest, deadline)
+        .await;
+    let model = shared.model.to_string();
+    match result {
+        Ok(outputs) => {
+            metrics::inference(&shared.model, started.elapsed());
+            if let Some(bad) = outputs.iter().find(|t| t.rows() != rows || t.shape.is_empty()) {
+                return Err(Error::Runtime {
+                    model,
+                    message: format!(
+                        "output `{}` has shape {:?}, but the batch has {rows} rows: sluice needs every output's dim 0 to follow the inputs' to split a batch",
+                        bad.name, bad.shape
+                    )
+                    .into(),
+                });
+            }
+            Ok(outputs)
+        }
+        Err(RunError::Expired) => {
+            let timeout = deadline.saturating_duration_since(oldest);
+            Err(Error::DeadlineExceeded { model, timeout })
+        }
+        Err(RunError::Closed) => Err(Error::ModelNotReady {
+            name: model,
+            reason: "unloading".into(),
+        }),
+        Err(RunError::Runtime(RuntimeError::InvalidInput(m))) => Err(Error::InvalidInput(m)),
+        Err(RunError::Runtime(e)) => {
+            let message = super::error_chain(&e);
+            tracing::warn!(model = %model, error = %message, "inference failed");
+            Err(Error::Runtime {
+                model,
+                message: message.into(),
+            })
+        }
+    }
+}

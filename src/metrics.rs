@@ -1,0 +1,145 @@
+//! Every metric name lives here, with its help text, its buckets, and a
+//! small function per event; call sites never spell a metric name.
+//! Labels: `model` (a model of the repository, so bounded), and small closed
+//! sets (`protocol`, `status`, `trigger`, `result`, `reason`).
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+pub const BATCH_SIZE: &str = "sluice_batch_size";
+pub const QUEUE_DELAY: &str = "sluice_queue_delay_seconds";
+pub const INFERENCE_DURATION: &str = "sluice_inference_duration_seconds";
+pub const REQUEST_DURATION: &str = "sluice_request_duration_seconds";
+pub const REQUESTS: &str = "sluice_requests_total";
+pub const BATCHES: &str = "sluice_batches_total";
+pub const QUEUE_SIZE: &str = "sluice_queue_size";
+pub const MODEL_READY: &str = "sluice_model_ready";
+pub const MODEL_RELOADS: &str = "sluice_model_reloads_total";
+pub const DROPPED: &str = "sluice_requests_dropped_total";
+
+/// Label value for requests to a model the registry does not know (keeps
+/// the `model` label bounded).
+pub const UNKNOWN_MODEL: &str = "_unknown";
+
+/// Batch-size buckets: powers of two up to 65536 (the largest `max_batch_size`).
+fn batch_buckets() -> Vec<f64> {
+    (0..=16).map(|p| f64::from(1u32 << p)).collect()
+}
+
+/// Delay buckets from 50 µs to 10 s.
+const SECONDS_BUCKETS: [f64; 17] = [
+    50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the process-wide Prometheus recorder (once; later calls return
+/// the same handle, so several servers in one test process share it).
+pub fn install() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Full(BATCH_SIZE.into()), &batch_buckets())
+                .expect("batch buckets are non-empty")
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)
+                .expect("second buckets are non-empty")
+                .build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may already be installed (e.g. by an embedding
+            // program); then this handle renders our metrics only if it is ours.
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("a metrics recorder was already installed; /metrics may be empty");
+            }
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    describe_histogram!(
+        BATCH_SIZE,
+        Unit::Count,
+        "Instances (rows of dim 0) in each executed batch."
+    );
+    describe_histogram!(
+        QUEUE_DELAY,
+        Unit::Seconds,
+        "Time from a request's arrival to its batch's dispatch."
+    );
+    describe_histogram!(
+        INFERENCE_DURATION,
+        Unit::Seconds,
+        "ONNX Runtime session run time per batch."
+    );
+    describe_histogram!(
+        REQUEST_DURATION,
+        Unit::Seconds,
+        "Time from arrival to response, by protocol."
+    );
+    describe_counter!(
+        REQUESTS,
+        Unit::Count,
+        "Inference requests, by protocol and status."
+    );
+    describe_counter!(
+        BATCHES,
+        Unit::Count,
+        "Executed batches, by what closed them (size, time, adaptive, drain)."
+    );
+    describe_gauge!(QUEUE_SIZE, Unit::Count, "Requests waiting for a batch.");
+    describe_gauge!(MODEL_READY, Unit::Count, "1 while the model serves, else 0.");
+    describe_counter!(MODEL_RELOADS, Unit::Count, "Model loads and reloads, by result.");
+    describe_counter!(
+        DROPPED,
+        Unit::Count,
+        "Requests removed from the queue without running, by reason."
+    );
+}
+
+/// A batch was dispatched.
+pub fn batch_dispatched(model: &str, rows: usize, trigger: &'static str) {
+    histogram!(BATCH_SIZE, "model" => model.to_string()).record(rows as f64);
+    counter!(BATCHES, "model" => model.to_string(), "trigger" => trigger).increment(1);
+}
+
+/// One request's wait from arrival to dispatch.
+pub fn queue_delay(model: &str, delay: Duration) {
+    histogram!(QUEUE_DELAY, "model" => model.to_string()).record(delay.as_secs_f64());
+}
+
+/// A session run finished.
+pub fn inference(model: &str, took: Duration) {
+    histogram!(INFERENCE_DURATION, "model" => model.to_string()).record(took.as_secs_f64());
+}
+
+/// A request was answered.
+pub fn request(model: &str, protocol: &'static str, status: &'static str, took: Duration) {
+    histogram!(REQUEST_DURATION, "model" => model.to_string(), "protocol" => protocol)
+        .record(took.as_secs_f64());
+    counter!(REQUESTS, "model" => model.to_string(), "protocol" => protocol, "status" => status).increment(1);
+}
+
+/// Requests waiting for `model` now.
+pub fn queue_size(model: &str, n: usize) {
+    gauge!(QUEUE_SIZE, "model" => model.to_string()).set(n as f64);
+}
+
+/// Whether `model` serves.
+pub fn model_ready(model: &str, ready: bool) {
+    gauge!(MODEL_READY, "model" => model.to_string()).set(if ready { 1.0 } else { 0.0 });
+}
+
+/// A load or reload finished (`result`: `loaded`, `failed`, `rolled_back`, `unloaded`, ...).
+pub fn model_reload(model: &str, result: &'static str) {
+    counter!(MODEL_RELOADS, "model" => model.to_string(), "result" => result).increment(1);
+}
+
+/// A queued request left without running (`reason`: `client_gone`, `expired`).
+pub fn dropped(model: &str, reason: &'static str) {
+    counter!(DROPPED, "model" => model.to_string(), "reason" => reason).increment(1);
+}
