@@ -205,3 +205,6 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,1 @@
+//! Batcher tests against a fake runtime (no ONNX Runtime), with tokio time.
