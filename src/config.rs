@@ -64,6 +64,12 @@ pub struct GrpcConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct RepositoryConfig {
     pub path: PathBuf,
+    /// How changes are noticed: `events`, `poll`, or `off`.
+    pub watch: crate::repository::watcher::WatchMode,
+    /// Seconds between polls when `watch = "poll"`.
+    pub poll_interval_seconds: f64,
+    /// Seconds of quiet that end a burst of changes (one rescan per burst).
+    pub debounce_seconds: f64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -115,6 +121,9 @@ impl Default for RepositoryConfig {
     fn default() -> Self {
         RepositoryConfig {
             path: PathBuf::from("model-repository"),
+            watch: crate::repository::watcher::WatchMode::Events,
+            poll_interval_seconds: 2.0,
+            debounce_seconds: 0.25,
         }
     }
 }
@@ -246,6 +255,19 @@ impl Config {
             errs.push(format!(
                 "pool.cpu_concurrent_batches must be 0..=1024 and pool.gpu_concurrent_batches 1..=64, got {} and {}",
                 self.pool.cpu_concurrent_batches, self.pool.gpu_concurrent_batches
+            ));
+        }
+        let r = &self.model_repository;
+        if !(r.poll_interval_seconds.is_finite() && (0.05..=3600.0).contains(&r.poll_interval_seconds)) {
+            errs.push(format!(
+                "model_repository.poll_interval_seconds must be 0.05..=3600, got {}",
+                r.poll_interval_seconds
+            ));
+        }
+        if !(r.debounce_seconds.is_finite() && (0.0..=60.0).contains(&r.debounce_seconds)) {
+            errs.push(format!(
+                "model_repository.debounce_seconds must be 0..=60, got {}",
+                r.debounce_seconds
             ));
         }
         if self.http.max_body_bytes < 1024 {

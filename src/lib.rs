@@ -39,17 +39,21 @@ use http::AppState;
 use repository::Repository;
 use runtime::Runtime;
 
-/// A bound, not yet serving, sluice server.
+/// A bound sluice server whose models are loading.
 pub struct Server {
     config: Config,
     listener: TcpListener,
-    repository: Arc<Repository>,
     state: AppState,
+    /// Completes when the start-up load of the repository has finished.
+    loaded: tokio::sync::oneshot::Receiver<Result<(), String>>,
+    /// Rescan signals for the repository task; dropped (stopping the
+    /// watcher) when the server stops.
+    watcher: Option<repository::watcher::RepoWatcher>,
 }
 
 impl Server {
-    /// Binds the HTTP port (port 0 picks a free one). Models load once
-    /// [`Server::run`] starts, while the port already answers liveness.
+    /// Binds the HTTP port (port 0 picks a free one) and starts loading the
+    /// model repository; the port answers liveness while models load.
     pub async fn bind(config: Config, runtime: Arc<dyn Runtime>) -> anyhow::Result<Server> {
         let addr = SocketAddr::new(config.http.host, config.http.port);
         let listener = TcpListener::bind(addr)
@@ -59,23 +63,32 @@ impl Server {
             cpu: config.cpu_concurrent_batches(),
             gpu: config.pool.gpu_concurrent_batches,
         });
-        let repository = Arc::new(Repository::new(
-            config.model_repository.path.clone(),
-            config.model_defaults(),
-            runtime,
-            pool,
-        ));
+        let repo = &config.model_repository;
+        let repository = Repository::new(repo.path.clone(), config.model_defaults(), runtime, pool);
+        // Watcher → repository task: "something changed, rescan".
+        let (rescan_tx, rescan_rx) = tokio::sync::mpsc::unbounded_channel();
+        let watcher = repository::watcher::watch(
+            &repo.path,
+            repo.watch,
+            std::time::Duration::from_secs_f64(repo.poll_interval_seconds),
+            std::time::Duration::from_secs_f64(repo.debounce_seconds),
+            rescan_tx,
+        )
+        .with_context(|| format!("cannot watch the model repository {}", repo.path.display()))?;
+        let (handle, loaded) = repository.spawn(rescan_rx);
         let state = AppState {
             metrics: metrics::install(),
-            registry: repository.registry(),
+            registry: handle.registry().clone(),
+            repository: handle,
             ready: Arc::new(AtomicBool::new(false)),
             max_body_bytes: config.http.max_body_bytes,
         };
         Ok(Server {
             config,
             listener,
-            repository,
             state,
+            loaded,
+            watcher,
         })
     }
 
@@ -86,36 +99,37 @@ impl Server {
             .expect("a bound listener has an address")
     }
 
-    /// Loads the repository and serves until `shutdown` completes; then
-    /// readiness turns false, no new connection is accepted, and accepted
-    /// requests get `shutdown.grace_period_seconds` to finish.
+    /// Serves until `shutdown` completes; then readiness turns false, no new
+    /// connection is accepted, and accepted requests get
+    /// `shutdown.grace_period_seconds` to finish.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let Server {
             config,
             listener,
-            repository,
             state,
+            loaded,
+            watcher,
         } = self;
-        tracing::info!(http = %listener.local_addr()?, repository = %repository.root().display(), "sluice listening");
+        tracing::info!(http = %listener.local_addr()?, repository = %config.model_repository.path.display(), "sluice listening");
         tracing::info!(
             grpc_port = config.grpc.port,
             "gRPC is not served yet; the port is reserved"
         );
 
         // `true` once shutdown has begun. The sender lives in the task that
-        // awaits `shutdown`; the loader, the HTTP server and the drain
-        // timer below each hold a receiver.
+        // awaits `shutdown`; the readiness task, the HTTP server and the
+        // drain timer below each hold a receiver.
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let ready = state.ready.clone();
-        let loader = tokio::spawn({
-            let repository = repository.clone();
+        tokio::spawn({
             let ready = ready.clone();
             let stop = stop_rx.clone();
             async move {
-                match repository.load_all().await {
-                    Ok(()) if !*stop.borrow() => ready.store(true, Ordering::Release),
-                    Ok(()) => {}
-                    Err(e) => tracing::error!(error = %e, "cannot read the model repository"),
+                match loaded.await {
+                    Ok(Ok(())) if !*stop.borrow() => ready.store(true, Ordering::Release),
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::error!(error = %e, "cannot read the model repository"),
+                    Err(_) => tracing::error!("the repository task stopped during the start-up load"),
                 }
             }
         });
@@ -150,7 +164,7 @@ impl Server {
                 Ok(())
             }
         };
-        loader.abort();
+        drop(watcher);
         tracing::info!("sluice stopped");
         result
     }

@@ -34,10 +34,19 @@ pub struct Batcher {
     inner: Arc<Inner>,
 }
 
+/// What a [`Batcher`] handle sends its batching task.
+pub(crate) enum Msg {
+    /// A request (or one chunk of one) to batch.
+    Entry(Entry),
+    /// A new version of the model replaced this one: queued requests (and
+    /// any that still arrive) move to its batcher; in-flight batches finish here.
+    Handoff(Batcher),
+}
+
 struct Inner {
     model: Arc<str>,
     /// Requests to the batching task, which holds the receiver.
-    entries: mpsc::UnboundedSender<Entry>,
+    entries: mpsc::UnboundedSender<Msg>,
     /// Live batch settings; the batching task holds a receiver and reads the
     /// current value at each decision (settings change without a restart).
     settings: watch::Sender<BatchSettings>,
@@ -87,6 +96,27 @@ impl Batcher {
         self.inner.settings.send_replace(settings);
     }
 
+    /// Hands this batcher's queued requests (and any that still arrive) to
+    /// `successor`, the batcher of the model version that replaces it. Only
+    /// valid when both versions have the same signature.
+    pub fn handoff_to(&self, successor: Batcher) {
+        let _ = self.inner.entries.send(Msg::Handoff(successor));
+    }
+
+    /// Queues an entry that another batcher accepted (see [`Batcher::handoff_to`]).
+    fn requeue(&self, entry: Entry) {
+        if entry.releases_slot {
+            let n = self.inner.queued.fetch_add(1, Ordering::AcqRel) + 1;
+            metrics::queue_size(&self.inner.model, n);
+        }
+        if let Err(mpsc::error::SendError(Msg::Entry(e))) = self.inner.entries.send(Msg::Entry(entry)) {
+            let _ = e.reply.send(Err(Error::ModelNotReady {
+                name: self.inner.model.to_string(),
+                reason: "unloading".into(),
+            }));
+        }
+    }
+
     /// Requests waiting now.
     pub fn queued(&self) -> usize {
         self.inner.queued.load(Ordering::Acquire)
@@ -133,7 +163,7 @@ impl Batcher {
             let (tx, rx) = oneshot::channel();
             let mut entry = Entry::new(part, arrival, deadline, tx);
             entry.releases_slot = c + 1 == n_chunks;
-            if self.inner.entries.send(entry).is_err() {
+            if self.inner.entries.send(Msg::Entry(entry)).is_err() {
                 // Only possible if the task died; the slot was never queued.
                 self.inner.queued.fetch_sub(1, Ordering::AcqRel);
                 return Err(Error::ModelNotReady {

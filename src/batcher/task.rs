@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::policy::{decide, Capacity, Decision, Trigger};
 use super::queue::{Dropped, Entry, State};
+use super::{Batcher, Msg};
 use crate::error::Error;
 use crate::metrics;
 use crate::model::settings::BatchSettings;
@@ -39,7 +40,7 @@ pub(super) struct Shared {
 /// the last handle is dropped); `settings`: live batch settings.
 pub(super) async fn batching_task(
     shared: Arc<Shared>,
-    mut entries: mpsc::UnboundedReceiver<Entry>,
+    mut entries: mpsc::UnboundedReceiver<Msg>,
     mut settings: watch::Receiver<BatchSettings>,
 ) {
     let mut state = State::new();
@@ -48,6 +49,9 @@ pub(super) async fn batching_task(
     let instances = shared.workers.instances();
     let mut in_flight = 0usize;
     let mut open = true;
+    // Set when a new version of the model took over: every queued or newly
+    // arriving request goes there instead.
+    let mut successor: Option<Batcher> = None;
     loop {
         let now = Instant::now();
         for (entry, why) in state.remove_dead(now) {
@@ -100,12 +104,12 @@ pub(super) async fn batching_task(
         tokio::select! {
             biased;
             Some(()) = done_rx.recv() => in_flight -= 1,
-            e = entries.recv() => match e {
-                Some(e) => {
-                    state.push(e);
+            msg = entries.recv() => match msg {
+                Some(msg) => {
+                    receive(&shared, &mut state, &mut successor, msg);
                     // Take whatever else is already there before deciding.
-                    while let Ok(e) = entries.try_recv() {
-                        state.push(e);
+                    while let Ok(msg) = entries.try_recv() {
+                        receive(&shared, &mut state, &mut successor, msg);
                     }
                 }
                 None => open = false,
@@ -115,6 +119,31 @@ pub(super) async fn batching_task(
         }
     }
     tracing::debug!(model = %shared.model, "batcher drained and stopped");
+}
+
+/// Queues an entry, or forwards it (and, on a handoff, the whole queue) to
+/// the successor version.
+fn receive(shared: &Shared, state: &mut State, successor: &mut Option<Batcher>, msg: Msg) {
+    match msg {
+        Msg::Entry(e) => match successor {
+            Some(next) => {
+                leave_queue(shared, &e);
+                next.requeue(e);
+            }
+            None => state.push(e),
+        },
+        Msg::Handoff(next) => {
+            let moved = state.take_all();
+            if !moved.is_empty() {
+                tracing::info!(model = %shared.model, requests = moved.len(), "queued requests move to the new version");
+            }
+            for e in moved {
+                leave_queue(shared, &e);
+                next.requeue(e);
+            }
+            *successor = Some(next);
+        }
+    }
 }
 
 /// Releases an entry's queue slot (for a request's last chunk).

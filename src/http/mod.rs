@@ -20,13 +20,15 @@ use axum::Router;
 pub use error::{status_of, ApiError};
 
 use crate::error::Error;
-use crate::repository::Registry;
+use crate::repository::{Registry, RepositoryHandle};
 
 /// What every handler shares.
 #[derive(Clone)]
 pub struct AppState {
-    /// Read-only view of the models; the repository writes it.
+    /// Read-only view of the models; the repository task writes it.
     pub registry: Arc<Registry>,
+    /// Commands to the repository task (repository API load/unload).
+    pub repository: RepositoryHandle,
     /// True once the start-up load finished, false again from the moment
     /// shutdown begins. Written by `lib::Server`; read by `/v2/health/ready`.
     pub ready: Arc<AtomicBool>,
@@ -59,6 +61,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v2/models/{name}/infer", post(v2::infer))
         .route("/v2/models/{name}/versions/{version}/infer", post(v2::infer))
         .route("/v2/repository/index", post(v2::repository_index))
+        .route("/v2/repository/models/{name}/load", post(v2::repository_load))
+        .route("/v2/repository/models/{name}/unload", post(v2::repository_unload))
         .route("/metrics", get(render_metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))

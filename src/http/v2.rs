@@ -95,7 +95,7 @@ pub async fn repository_index(State(state): State<AppState>) -> Json<Vec<IndexEn
             .map(|e| IndexEntry {
                 reason: match &e.state {
                     crate::model::state::ModelState::Unavailable { reason } => Some(reason.clone()),
-                    _ => None,
+                    _ => e.note.clone(),
                 },
                 state: e.state.as_str(),
                 name: e.name,
@@ -103,4 +103,22 @@ pub async fn repository_index(State(state): State<AppState>) -> Json<Vec<IndexEn
             })
             .collect(),
     )
+}
+
+/// `POST /v2/repository/models/{name}/load`: loads (or reloads) a model of the repository.
+pub async fn repository_load(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    state.repository.load(&name).await?;
+    Ok(Json(serde_json::json!({})))
+}
+
+/// `POST /v2/repository/models/{name}/unload`: stops serving a model; accepted requests finish.
+pub async fn repository_unload(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    state.repository.unload(&name).await?;
+    Ok(Json(serde_json::json!({})))
 }

@@ -42,6 +42,18 @@ impl ModelHandle {
         }
     }
 
+    /// The same version (same sessions and batcher) with new settings, for a
+    /// batching-only change applied in place.
+    pub fn with_settings(&self, settings: ModelSettings) -> ModelHandle {
+        ModelHandle {
+            name: self.name.clone(),
+            settings,
+            signature: self.signature.clone(),
+            provider_reason: self.provider_reason.clone(),
+            batcher: self.batcher.clone(),
+        }
+    }
+
     /// The model's batcher (to apply new batch settings in place).
     pub fn batcher(&self) -> &Batcher {
         &self.batcher

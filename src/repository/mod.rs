@@ -1,33 +1,123 @@
-//! The model repository: scans the folder, loads each model into sessions
-//! and publishes it in the [`Registry`]. All registry writes go through
-//! here (hot reload will make this a single actor task that owns them).
+//! The model repository: one task (the actor in this file) owns every
+//! registry write. It scans the folder at start-up, rescans when the
+//! watcher says something changed, and serves the repository API's
+//! load/unload commands, one at a time, so that reloads of a model are
+//! serialized. Handlers only read the [`Registry`].
+//!
+//! Per folder, a rescan decides (see `diff.rs`): added → load; removed →
+//! unregister (accepted requests still finish: they hold the old version's
+//! `Arc`); batching-only change → applied to the running batcher in place;
+//! file or session change → load the new version beside the old, warm it,
+//! swap, hand the old version's queue to the new one; broken change → keep
+//! the last good version serving and report why (log, index, metric).
 
+pub mod diff;
+mod load;
 pub mod registry;
 pub mod scan;
+pub mod watcher;
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use tokio::sync::{mpsc, oneshot};
+
 pub use registry::{ModelEntry, Registry};
+
+use crate::error::Error;
+use crate::metrics;
+use crate::model::settings::{validate_model_name, ModelDefaults};
+use crate::model::state::ModelState;
+use crate::model::ModelHandle;
+use crate::pool::Pool;
+use crate::runtime::Runtime;
+use diff::{classify, Change, FileStamp, Stamp};
 use scan::ModelDir;
 
-use crate::batcher::{error_chain, Batcher};
-use crate::metrics;
-use crate::model::settings::ModelDefaults;
-use crate::model::state::ModelState;
-use crate::model::warmup;
-use crate::model::ModelHandle;
-use crate::pool::{ModelWorkers, Pool};
-use crate::runtime::Runtime;
+/// Requests to the repository task.
+enum Command {
+    /// The folder changed (from the watcher): rescan everything.
+    Rescan,
+    /// Repository API: (re)load the model of this name.
+    Load {
+        name: String,
+        reply: oneshot::Sender<Result<(), Error>>,
+    },
+    /// Repository API: unload the model of this name.
+    Unload {
+        name: String,
+        reply: oneshot::Sender<Result<(), Error>>,
+    },
+}
 
-/// Owns the repository folder and every registry write.
+/// Handle to the repository task. Cheap to clone.
+#[derive(Clone)]
+pub struct RepositoryHandle {
+    /// Commands to the repository task, which holds the receiver; it stops
+    /// when every handle (and the watcher's forwarder) is gone.
+    commands: mpsc::UnboundedSender<Command>,
+    registry: Arc<Registry>,
+}
+
+impl RepositoryHandle {
+    /// The registry handlers read.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// Asks for a rescan (what the watcher does).
+    pub fn rescan(&self) {
+        let _ = self.commands.send(Command::Rescan);
+    }
+
+    /// Loads (or reloads, if its folder changed) the model `name`; a model
+    /// unloaded through [`RepositoryHandle::unload`] serves again.
+    pub async fn load(&self, name: &str) -> Result<(), Error> {
+        let (reply, rx) = oneshot::channel();
+        let _ = self.commands.send(Command::Load {
+            name: name.to_string(),
+            reply,
+        });
+        rx.await.map_err(|_| Error::ShuttingDown)?
+    }
+
+    /// Unloads the model `name`: new requests are refused, accepted ones
+    /// finish; it stays unloaded (whatever its folder does) until `load`.
+    pub async fn unload(&self, name: &str) -> Result<(), Error> {
+        let (reply, rx) = oneshot::channel();
+        let _ = self.commands.send(Command::Unload {
+            name: name.to_string(),
+            reply,
+        });
+        rx.await.map_err(|_| Error::ShuttingDown)?
+    }
+}
+
+/// What the task knows of one model folder.
+struct Tracked {
+    folder: String,
+    dir: PathBuf,
+    /// The model's name (registry key).
+    name: String,
+    /// What the folder looked like at the last attempt (so an unchanged
+    /// broken folder is not retried on every rescan).
+    seen: Stamp,
+    /// The version serving now: its settings, file stamp and handle.
+    serving: Option<(Arc<ModelHandle>, Option<FileStamp>)>,
+    /// Unloaded through the API: stays unloaded until an API load.
+    pinned_unloaded: bool,
+}
+
+/// The repository task's state.
 pub struct Repository {
     root: PathBuf,
     defaults: ModelDefaults,
     runtime: Arc<dyn Runtime>,
     pool: Arc<Pool>,
     registry: Arc<Registry>,
+    /// By folder name.
+    tracked: BTreeMap<String, Tracked>,
 }
 
 impl Repository {
@@ -43,133 +133,310 @@ impl Repository {
             runtime,
             pool,
             registry: Arc::new(Registry::new()),
+            tracked: BTreeMap::new(),
         }
-    }
-
-    /// The registry handlers read.
-    pub fn registry(&self) -> Arc<Registry> {
-        self.registry.clone()
     }
 
     pub fn root(&self) -> &Path {
         &self.root
     }
 
-    /// Scans the repository and loads every model folder. A folder that fails
-    /// (bad settings, bad ONNX file, unusable provider) is marked
-    /// `UNAVAILABLE` with the reason; the others load.
-    pub async fn load_all(&self) -> Result<(), String> {
-        let dirs = scan::scan(&self.root, &self.defaults)?;
-        let mut seen: HashMap<String, PathBuf> = HashMap::new();
-        for md in dirs {
-            if let Some(other) = seen.get(md.name()) {
-                tracing::error!(
-                    model = %md.name(), folder = %md.dir.display(), other = %other.display(),
-                    "two folders declare the same model name; this one is skipped"
-                );
-                continue;
+    /// Starts the repository task: it loads every model folder, then sends
+    /// the outcome on the returned receiver (Err: the folder is unreadable),
+    /// then follows `rescan` signals (from the watcher) and API commands.
+    pub fn spawn(
+        self,
+        mut rescan: mpsc::UnboundedReceiver<()>,
+    ) -> (RepositoryHandle, oneshot::Receiver<Result<(), String>>) {
+        let (commands, mut rx) = mpsc::unbounded_channel();
+        let handle = RepositoryHandle {
+            commands: commands.clone(),
+            registry: self.registry.clone(),
+        };
+        let (loaded_tx, loaded_rx) = oneshot::channel();
+        // Forwards the watcher's signals as commands.
+        tokio::spawn(async move {
+            while rescan.recv().await.is_some() {
+                if commands.send(Command::Rescan).is_err() {
+                    break;
+                }
             }
-            seen.insert(md.name().to_string(), md.dir.clone());
-            self.load(md).await;
+        });
+        let mut repo = self;
+        tokio::spawn(async move {
+            let first = repo.rescan().await;
+            let _ = loaded_tx.send(first);
+            while let Some(cmd) = rx.recv().await {
+                match cmd {
+                    Command::Rescan => {
+                        if let Err(e) = repo.rescan().await {
+                            tracing::error!(error = %e, "cannot rescan the model repository");
+                        }
+                    }
+                    Command::Load { name, reply } => {
+                        let _ = reply.send(repo.api_load(&name).await);
+                    }
+                    Command::Unload { name, reply } => {
+                        let _ = reply.send(repo.api_unload(&name));
+                    }
+                }
+            }
+        });
+        (handle, loaded_rx)
+    }
+
+    /// Scans the folder and applies every difference.
+    async fn rescan(&mut self) -> Result<(), String> {
+        let dirs = scan::scan(&self.root, &self.defaults)?;
+        let present: Vec<String> = dirs.iter().map(|d| d.folder.clone()).collect();
+        let gone: Vec<String> = self
+            .tracked
+            .keys()
+            .filter(|f| !present.contains(f))
+            .cloned()
+            .collect();
+        for folder in gone {
+            self.remove(&folder);
         }
-        let ready = self
-            .registry
-            .list()
-            .iter()
-            .filter(|e| e.state == ModelState::Ready)
-            .count();
-        tracing::info!(ready, total = seen.len(), repository = %self.root.display(), "model repository loaded");
+        for md in dirs {
+            self.apply(md, false).await;
+        }
         Ok(())
     }
 
-    /// Loads one model folder and publishes the result: `READY`, or
-    /// `UNAVAILABLE` with the reason (also logged and counted).
-    async fn load(&self, md: ModelDir) {
+    /// Brings one folder up to date (`force`: also retry an unchanged folder).
+    async fn apply(&mut self, md: ModelDir, force: bool) {
+        let now = stamp_of(&md);
         let name = md.name().to_string();
-        let version = md.settings.as_ref().ok().and_then(|s| s.version.clone());
-        if md.settings.is_ok() {
-            self.publish(&name, &md.dir, version.clone(), ModelState::Loading, None);
+        if let Some(owner) = self
+            .tracked
+            .values()
+            .find(|t| t.name == name && t.folder != md.folder)
+        {
+            tracing::error!(
+                model = %name, folder = %md.dir.display(), other = %owner.dir.display(),
+                "two folders declare the same model name; this one is ignored"
+            );
+            return;
         }
-        match self.build(&name, &md).await {
-            Ok(handle) => {
-                metrics::model_reload(&name, "loaded");
-                self.publish(&name, &md.dir, version, ModelState::Ready, Some(Arc::new(handle)));
+        let Some(t) = self.tracked.get_mut(&md.folder) else {
+            return self.add(md, now).await;
+        };
+        if t.pinned_unloaded && !force {
+            t.seen = now;
+            return;
+        }
+        if t.name != name {
+            // Renamed through `name`: the old model goes, the new one comes.
+            let folder = md.folder.clone();
+            self.remove(&folder);
+            return self.add(md, now).await;
+        }
+        let serving = t.serving.as_ref().map(|(h, f)| (&h.settings, f));
+        let before = if force {
+            Stamp {
+                settings: Err(String::new()),
+                file: None,
             }
-            Err(reason) => {
-                tracing::error!(model = %name, folder = %md.dir.display(), error = %reason, "model not loaded");
-                metrics::model_reload(&name, "failed");
-                self.publish(&name, &md.dir, version, ModelState::Unavailable { reason }, None);
+        } else {
+            t.seen.clone()
+        };
+        let change = classify(&before, &now, serving);
+        t.seen = now;
+        match change {
+            Change::None => {}
+            Change::Invalid(reason) => self.failed(&md.folder, reason),
+            Change::BatchingOnly(settings) => {
+                let t = self.tracked.get_mut(&md.folder).expect("tracked above");
+                let (old, file) = t
+                    .serving
+                    .clone()
+                    .expect("batching-only implies a serving version");
+                let settings = load::effective(&old, settings);
+                old.batcher().update(settings.batching);
+                let handle = Arc::new(old.with_settings(settings));
+                tracing::info!(model = %name, batching = ?handle.settings.batching, "batching settings applied in place");
+                t.serving = Some((handle.clone(), file));
+                metrics::model_reload(&name, "updated");
+                self.publish(&name, &md.dir, ModelState::Ready, Some(handle), None);
+            }
+            Change::Reload(settings) => self.reload(&md, settings).await,
+        }
+    }
+
+    /// A folder seen for the first time.
+    async fn add(&mut self, md: ModelDir, now: Stamp) {
+        let name = md.name().to_string();
+        self.tracked.insert(
+            md.folder.clone(),
+            Tracked {
+                folder: md.folder.clone(),
+                dir: md.dir.clone(),
+                name: name.clone(),
+                seen: now.clone(),
+                serving: None,
+                pinned_unloaded: false,
+            },
+        );
+        match now.settings {
+            Err(reason) => self.failed(&md.folder, reason),
+            Ok(settings) => {
+                self.publish(&name, &md.dir, ModelState::Loading, None, None);
+                self.reload(&md, settings).await;
             }
         }
     }
 
-    /// Settings → sessions → warm-up → batcher → handle.
-    async fn build(&self, name: &str, md: &ModelDir) -> Result<ModelHandle, String> {
-        let mut settings = md.settings.clone()?;
-        let path = md.dir.join(&settings.uri);
-        let runtime = self.runtime.clone();
-        let (n, p, s) = (name.to_string(), path.clone(), settings.clone());
-        let loaded = tokio::task::spawn_blocking(move || runtime.load(&n, &p, &s))
-            .await
-            .map_err(|e| format!("loading panicked: {e}"))?
-            .map_err(|e| error_chain(&e))?;
-        if settings.batching.batching_enabled() && !loaded.signature.batchable() {
-            tracing::warn!(
-                model = %name,
-                "the ONNX file fixes the first dimension of an input or output; serving with batching off"
-            );
-            settings.batching.max_batch_size = 1;
+    /// Loads a new version beside the serving one and swaps it in.
+    async fn reload(&mut self, md: &ModelDir, settings: crate::model::settings::ModelSettings) {
+        let name = md.name().to_string();
+        let file = FileStamp::of(&md.dir.join(&settings.uri));
+        match load::build(&self.runtime, &self.pool, &name, &md.dir, settings).await {
+            Ok(handle) => {
+                let handle = Arc::new(handle);
+                let t = self.tracked.get_mut(&md.folder).expect("tracked before reload");
+                let old = t.serving.replace((handle.clone(), file));
+                let result = match old {
+                    Some((old, _)) => {
+                        // Same signature: the old version's queue runs on the new one.
+                        if old.signature == handle.signature {
+                            old.batcher().handoff_to(handle.batcher().clone());
+                        }
+                        tracing::info!(model = %name, "new version serves; the old one drains and unloads");
+                        "reloaded"
+                    }
+                    None => "loaded",
+                };
+                metrics::model_reload(&name, result);
+                self.publish(&name, &md.dir, ModelState::Ready, Some(handle), None);
+            }
+            Err(reason) => self.failed(&md.folder, reason),
         }
-        let devices: Vec<String> = loaded.sessions.iter().map(|(d, _)| d.to_string()).collect();
-        let outputs: Vec<String> = loaded.signature.outputs.iter().map(|o| o.name.clone()).collect();
-        let warm = match settings.warmup {
-            true => warmup::batches(&loaded.signature, settings.batching.max_batch_size),
-            false => Vec::new(),
-        };
-        let started = std::time::Instant::now();
-        let (workers, warmed) = ModelWorkers::spawn(name, loaded.sessions, &self.pool, warm, outputs.clone());
-        for w in warmed {
-            w.await
-                .map_err(|_| "a session thread died during warm-up".to_string())??;
+    }
+
+    /// A load or change failed: keep the serving version if there is one.
+    fn failed(&mut self, folder: &str, reason: String) {
+        let t = self.tracked.get(folder).expect("tracked before failing");
+        let (name, dir) = (t.name.clone(), t.dir.clone());
+        metrics::model_reload(&name, "failed");
+        match &t.serving {
+            Some((handle, _)) => {
+                tracing::error!(model = %name, folder = %dir.display(), error = %reason, "change refused; the last good version keeps serving");
+                let note = format!("last change refused, serving the previous version: {reason}");
+                self.publish(&name, &dir, ModelState::Ready, Some(handle.clone()), Some(note));
+            }
+            None => {
+                tracing::error!(model = %name, folder = %dir.display(), error = %reason, "model not loaded");
+                self.publish(&name, &dir, ModelState::Unavailable { reason }, None, None);
+            }
         }
-        let batcher = Batcher::spawn(name, settings.batching, Arc::new(workers), outputs);
-        tracing::info!(
-            model = %name,
-            version = settings.version.as_deref().unwrap_or("-"),
-            devices = %devices.join(","),
-            provider = %loaded.provider_reason,
-            inputs = %describe(&loaded.signature.inputs),
-            outputs = %describe(&loaded.signature.outputs),
-            max_batch_size = settings.batching.max_batch_size,
-            policy = ?settings.batching.policy,
-            warmup = ?started.elapsed(),
-            "model ready"
-        );
-        Ok(ModelHandle::new(
-            name.to_string(),
-            settings,
-            loaded.signature,
-            loaded.provider_reason,
-            batcher,
-        ))
+    }
+
+    /// A folder disappeared: the model stops taking requests; accepted ones
+    /// finish on the version they hold, which then unloads.
+    fn remove(&mut self, folder: &str) {
+        if let Some(t) = self.tracked.remove(folder) {
+            let queued = t.serving.as_ref().map(|(h, _)| h.batcher().queued()).unwrap_or(0);
+            tracing::info!(model = %t.name, queued, "model folder removed; draining, then unloading");
+            self.registry.remove(&t.name);
+            metrics::model_ready(&t.name, false);
+            metrics::model_reload(&t.name, "unloaded");
+        }
+    }
+
+    async fn api_load(&mut self, name: &str) -> Result<(), Error> {
+        let md = self.find_folder(name)?;
+        if let Some(t) = self.tracked.get_mut(&md.folder) {
+            t.pinned_unloaded = false;
+        }
+        let force = self.tracked.get(&md.folder).is_some_and(|t| t.serving.is_none());
+        let folder = md.folder.clone();
+        self.apply(md, force).await;
+        let t = self
+            .tracked
+            .get(&folder)
+            .ok_or_else(|| Error::NotFound(format!("model `{name}`: not loaded")))?;
+        match self.registry.get(&t.name) {
+            Some(e) if e.state == ModelState::Ready => Ok(()),
+            Some(e) => Err(Error::invalid(format!(
+                "model `{name}` failed to load: {}",
+                e.state
+            ))),
+            None => Err(Error::NotFound(format!(
+                "model `{name}` not found in the repository"
+            ))),
+        }
+    }
+
+    fn api_unload(&mut self, name: &str) -> Result<(), Error> {
+        check_name(name)?;
+        let t = self
+            .tracked
+            .values_mut()
+            .find(|t| t.name == name)
+            .ok_or_else(|| Error::ModelNotFound(name.to_string()))?;
+        t.pinned_unloaded = true;
+        t.serving = None;
+        let (name, dir) = (t.name.clone(), t.dir.clone());
+        tracing::info!(model = %name, "unloaded through the repository API; accepted requests finish first");
+        metrics::model_reload(&name, "unloaded");
+        let reason = "unloaded through the repository API".to_string();
+        self.publish(&name, &dir, ModelState::Unavailable { reason }, None, None);
+        Ok(())
+    }
+
+    /// The folder holding model `name`: refuses names that are not a plain
+    /// folder of the repository (`..`, `/`, absolute paths, symlinks out).
+    fn find_folder(&self, name: &str) -> Result<ModelDir, Error> {
+        check_name(name)?;
+        let dirs = scan::scan(&self.root, &self.defaults).map_err(Error::invalid)?;
+        dirs.into_iter()
+            .find(|d| d.name() == name || d.folder == name)
+            .ok_or_else(|| Error::NotFound(format!("model `{name}`: no folder of the repository holds it")))
     }
 
     fn publish(
         &self,
         name: &str,
         dir: &Path,
-        version: Option<String>,
         state: ModelState,
         handle: Option<Arc<ModelHandle>>,
+        note: Option<String>,
     ) {
         metrics::model_ready(name, state == ModelState::Ready);
+        let version = handle.as_ref().and_then(|h| h.settings.version.clone());
         self.registry.set(ModelEntry {
             name: name.to_string(),
             dir: dir.to_path_buf(),
             version,
             state,
             handle,
+            note,
         });
+    }
+}
+
+/// A repository API name must be a plain model name, not a path.
+fn check_name(name: &str) -> Result<(), Error> {
+    validate_model_name(name)
+        .map_err(|e| Error::invalid(format!("`{name}` is not a model name of this repository: {e}")))?;
+    if name == "." || name == ".." {
+        return Err(Error::invalid(format!(
+            "`{name}` is not a model name of this repository"
+        )));
+    }
+    Ok(())
+}
+
+fn stamp_of(md: &ModelDir) -> Stamp {
+    let file = md
+        .settings
+        .as_ref()
+        .ok()
+        .and_then(|s| FileStamp::of(&md.dir.join(&s.uri)));
+    Stamp {
+        settings: md.settings.clone(),
+        file,
     }
 }
 

@@ -21,6 +21,8 @@ pub struct ModelEntry {
     pub state: ModelState,
     /// Set when `state` is `Ready` (or `Unloading`: still draining).
     pub handle: Option<Arc<ModelHandle>>,
+    /// Why the last change was refused while this version keeps serving.
+    pub note: Option<String>,
 }
 
 /// Registry of every model the repository knows about.
@@ -76,6 +78,12 @@ impl Registry {
             .values()
             .cloned()
             .collect()
+    }
+
+    /// Removes an entry (repository only); requests already holding its
+    /// handle finish on it.
+    pub(crate) fn remove(&self, name: &str) {
+        self.models.write().expect("registry lock poisoned").remove(name);
     }
 
     /// Inserts or replaces an entry (repository only).
