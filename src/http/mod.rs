@@ -57,6 +57,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v2/models/{name}/infer", post(v2::infer))
         .route("/v2/models/{name}/versions/{version}/infer", post(v2::infer))
         .route("/v2/repository/index", post(v2::repository_index))
+        // After every route: it applies to the routes already added.
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
@@ -64,6 +66,12 @@ pub fn router(state: AppState) -> Router {
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {
     ApiError(Error::NotFound(format!("no route for {uri}")))
+}
+
+/// A known path asked with a method it does not serve: 405 with a JSON body
+/// (axum adds the `Allow` header).
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> axum::response::Response {
+    error::method_not_allowed(&method, uri.path())
 }
 
 /// The request body, or the error naming why it could not be read (413 when
