@@ -130,11 +130,13 @@ fn serve(file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    tracing::info!(config = ?cfg, "effective configuration");
+    // ONNX Runtime first: when it is missing, the one line of stderr is the
+    // error that says how to get it.
     let rt = match runtime(&cfg) {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
+    tracing::info!(config = ?cfg, "effective configuration");
     let tokio = match tokio::runtime::Runtime::new() {
         Ok(t) => t,
         Err(e) => return fail(format!("cannot start the async runtime: {e}")),
