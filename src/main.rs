@@ -135,16 +135,18 @@ fn serve(file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
+    // ONNX Runtime first: when it is missing, the one line of stderr is the
+    // error that says how to get it.
+    let rt = match runtime(&cfg) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
     tracing::info!(config = ?cfg, "effective configuration");
     tracing::info!(
         cpu_concurrent_batches = cfg.cpu_concurrent_batches(),
         default_intra_op_threads = cfg.default_intra_op_threads(),
         "CPU thread budget"
     );
-    let rt = match runtime(&cfg) {
-        Ok(r) => r,
-        Err(e) => return fail(e),
-    };
     let tokio = match tokio::runtime::Runtime::new() {
         Ok(t) => t,
         Err(e) => return fail(format!("cannot start the async runtime: {e}")),

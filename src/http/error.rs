@@ -32,6 +32,17 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
     }
 }
 
+/// 405 for a path that exists but not for `method`, with the usual
+/// `{"error": ...}` body (SPEC §9: every error is JSON).
+pub fn method_not_allowed(method: &axum::http::Method, path: &str) -> Response {
+    let msg = format!("method {method} is not allowed on {path}");
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        Json(serde_json::json!({ "error": msg })),
+    )
+        .into_response()
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let kind = self.0.kind();

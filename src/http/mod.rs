@@ -64,6 +64,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v2/repository/models/{name}/load", post(v2::repository_load))
         .route("/v2/repository/models/{name}/unload", post(v2::repository_unload))
         .route("/metrics", get(render_metrics))
+        // After every route: it applies to the routes already added.
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
@@ -104,6 +106,12 @@ pub(crate) fn observe<T>(
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {
     ApiError(Error::NotFound(format!("no route for {uri}")))
+}
+
+/// A known path asked with a method it does not serve: 405 with a JSON body
+/// (axum adds the `Allow` header).
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> axum::response::Response {
+    error::method_not_allowed(&method, uri.path())
 }
 
 /// The request body, or the error naming why it could not be read (413 when

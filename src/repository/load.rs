@@ -59,7 +59,7 @@ pub async fn build(
         max_batch_size = settings.batching.max_batch_size,
         policy = ?settings.batching.policy,
         warmup = ?started.elapsed(),
-        "model version loaded"
+        "model ready"
     );
     Ok(ModelHandle::new(
         name.to_string(),

@@ -181,3 +181,50 @@ pub fn flat_f64(v: &serde_json::Value) -> Vec<f64> {
         other => panic!("not a number: {other}"),
     }
 }
+
+impl TestServer {
+    /// GET returning the status and the raw body text.
+    pub async fn get_raw(&self, path: &str) -> (u16, String) {
+        let r = self.client.get(self.url(path)).send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    }
+
+    /// `POST /v2/repository/index`, as a map from model name to its entry.
+    pub async fn index(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
+        let (st, body) = self.post("/v2/repository/index", &serde_json::json!({})).await;
+        assert_eq!(st, 200, "{body}");
+        let entries = body
+            .as_array()
+            .unwrap_or_else(|| panic!("index is not an array: {body}"));
+        entries
+            .iter()
+            .map(|e| (e["name"].as_str().unwrap().to_string(), e.clone()))
+            .collect()
+    }
+}
+
+/// One V2 request input.
+pub fn v2_input(name: &str, datatype: &str, shape: &[usize], data: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({"name": name, "datatype": datatype, "shape": shape, "data": data})
+}
+
+/// The output `name` of a V2 response (panics, showing the response, when absent).
+pub fn v2_output<'a>(resp: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    resp["outputs"]
+        .as_array()
+        .and_then(|outs| outs.iter().find(|o| o["name"] == name))
+        .unwrap_or_else(|| panic!("no output `{name}` in {resp}"))
+}
+
+/// The message of an error body, asserting the body is exactly `{"error": "<non-empty>"}`.
+pub fn error_message(body: &serde_json::Value) -> String {
+    let obj = body
+        .as_object()
+        .unwrap_or_else(|| panic!("error body is not a JSON object: {body}"));
+    assert_eq!(obj.len(), 1, "error body has other fields: {body}");
+    let msg = obj["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("`error` is not a string: {body}"));
+    assert!(!msg.is_empty(), "empty error message");
+    msg.to_string()
+}

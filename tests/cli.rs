@@ -1,0 +1,339 @@
+//! The real `sluice` binary: `check`, the missing-library error, `--help`,
+//! and `serve` on port 0 through SIGTERM. The child inherits ORT_DYLIB_PATH.
+
+mod common;
+use common::*;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+/// The binary, run from the crate root, without RUST_LOG or SLUICE_* from the environment.
+fn sluice() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    c.current_dir(root()).env_remove("RUST_LOG");
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("SLUICE_")) {
+        c.env_remove(k);
+    }
+    c
+}
+
+/// Waits at most `limit` for the child; kills it and panics when it is still running.
+fn wait_for(child: &mut Child, limit: Duration) -> ExitStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("sluice still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs to completion (at most 30 s): (exit status, stdout, stderr).
+fn run(mut cmd: Command) -> (ExitStatus, String, String) {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let status = wait_for(&mut child, Duration::from_secs(30));
+    let out = std::io::read_to_string(child.stdout.take().unwrap()).unwrap();
+    let err = std::io::read_to_string(child.stderr.take().unwrap()).unwrap();
+    (status, out, err)
+}
+
+#[test]
+fn check_prints_the_signature() {
+    let mut cmd = sluice();
+    cmd.args(["check", "tests/fixtures/models/multi_io"]);
+    let (status, out, err) = run(cmd);
+    assert!(status.success(), "{status}: {out}\n{err}");
+    assert!(out.starts_with("model multi_io OK"), "{out}");
+    let sig: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>())
+        .filter(|w| matches!(w.first(), Some(&"input") | Some(&"output")))
+        .collect();
+    let want = [
+        ["input", "a", "FP32"],
+        ["input", "b", "INT64"],
+        ["output", "sum", "FP32"],
+        ["output", "scaled", "FP32"],
+        ["output", "b_twice", "INT64"],
+    ];
+    assert_eq!(sig, want, "{out}");
+    assert!(
+        out.contains("[-1, 3]") && out.contains("\"max_batch_size\": 8"),
+        "{out}"
+    );
+}
+
+#[test]
+fn check_of_a_broken_model_fails_with_one_error_line() {
+    let mut cmd = sluice();
+    cmd.args(["check", "tests/fixtures/models/broken"]);
+    let (status, out, err) = run(cmd);
+    assert_eq!(status.code(), Some(2), "{out}\n{err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(errors[0].contains("broken/model.onnx"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// `sluice serve <flags>` that cannot load ONNX Runtime: exit code 2 and
+/// exactly one stderr line, `error: ...`, naming `lib` and how to get it.
+fn assert_library_error(mut cmd: Command, flags: &[&str], lib: &str) {
+    let repo = repo_with(&["digits"]);
+    cmd.arg("serve")
+        .args(flags)
+        .args(["--host", "127.0.0.1", "--http-port", "0", "--model-repository"])
+        .arg(repo.path());
+    let (status, _, err) = run(cmd);
+    assert_eq!(status.code(), Some(2), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "stderr is not one line:\n{err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    assert!(
+        lines[0].contains(lib) && lines[0].contains("scripts/fetch-onnxruntime.sh"),
+        "{err}"
+    );
+}
+
+#[test]
+fn serve_without_the_library_says_how_to_get_it() {
+    let mut cmd = sluice();
+    cmd.env_remove("ORT_DYLIB_PATH");
+    let lib = "/nonexistent/libonnxruntime.so";
+    assert_library_error(cmd, &["--onnxruntime-library", lib], lib);
+}
+
+#[test]
+fn serve_with_ort_dylib_path_at_a_non_library_fails_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("libonnxruntime.so.1.31.1");
+    std::fs::write(&fake, "this is not a shared library\n").unwrap();
+    let mut cmd = sluice();
+    cmd.env("ORT_DYLIB_PATH", &fake);
+    assert_library_error(cmd, &[], fake.to_str().unwrap());
+}
+
+#[test]
+fn help_mentions_every_flag() {
+    let mut cmd = sluice();
+    cmd.arg("--help");
+    let (status, top, _) = run(cmd);
+    assert!(status.success());
+    assert!(top.contains("serve") && top.contains("check"), "{top}");
+    let mut cmd = sluice();
+    cmd.args(["serve", "--help"]);
+    let (status, serve, _) = run(cmd);
+    assert!(status.success());
+    for flag in [
+        "--config",
+        "--model-repository",
+        "--host",
+        "--http-port",
+        "--grpc-port",
+        "--onnxruntime-library",
+    ] {
+        assert!(serve.contains(flag), "serve --help lacks {flag}:\n{serve}");
+    }
+    let mut cmd = sluice();
+    cmd.args(["check", "--help"]);
+    let (status, check, _) = run(cmd);
+    assert!(status.success());
+    assert!(
+        check.contains("--config") && check.contains("--onnxruntime-library"),
+        "{check}"
+    );
+}
+
+/// A child that is killed if the test fails before it exits.
+struct Reaped(Child);
+
+impl std::ops::Deref for Reaped {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Lines of the child's stderr, read on a thread.
+struct Lines {
+    rx: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Lines {
+    fn new(child: &mut Child) -> Lines {
+        let (tx, rx) = mpsc::channel();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines() {
+                if tx.send(line.unwrap()).is_err() {
+                    break;
+                }
+            }
+        });
+        Lines { rx, seen: Vec::new() }
+    }
+
+    /// The first line (seen or to come within `limit`) containing every needle.
+    fn wait_for(&mut self, needles: &[&str], limit: Duration) -> String {
+        let has = |l: &String| needles.iter().all(|n| l.contains(n));
+        if let Some(l) = self.seen.iter().find(|l| has(l)) {
+            return l.clone();
+        }
+        let t0 = Instant::now();
+        while let Some(left) = limit.checked_sub(t0.elapsed()) {
+            match self.rx.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if has(&l) {
+                        return l;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        panic!(
+            "no stderr line with {needles:?}; so far:\n{}",
+            self.seen.join("\n")
+        );
+    }
+}
+
+#[tokio::test]
+async fn serve_on_port_0_logs_the_port_serves_and_exits_0_on_sigterm() {
+    let repo = repo_with(&["digits", "scalar_out"]);
+    let mut cmd = sluice();
+    // MLServer-style global default: applies where model-settings.json is silent.
+    cmd.env("SLUICE_MODEL_MAX_BATCH_SIZE", "4")
+        .args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            "0",
+            "--model-repository",
+        ])
+        .arg(repo.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = Reaped(cmd.spawn().unwrap());
+    let mut log = Lines::new(&mut child);
+    let listening = log.wait_for(&["sluice listening", "http=127.0.0.1:"], Duration::from_secs(30));
+    let port: u16 = listening
+        .split("http=127.0.0.1:")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_ne!(port, 0);
+
+    let client = reqwest::Client::new();
+    let url = |p: &str| format!("http://127.0.0.1:{port}{p}");
+    let t0 = Instant::now();
+    loop {
+        let r = client.get(url("/v2/health/ready")).send().await;
+        if r.as_ref().is_ok_and(|r| r.status() == 200) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "not ready in 30 s: {r:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let exp = fixture("digits_expected.json");
+    let body = json!({"inputs": [v2_input("input", "FP32", &[1, 64], json!([exp["inputs"][3]]))]});
+    let r: serde_json::Value = client
+        .post(url("/v2/models/digits/infer"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v2_output(&r, "label")["data"], json!([exp["labels"][3]]), "{r}");
+    // digits sets max_batch_size 32 itself; scalar_out's `{}` takes the env default.
+    let limit = Duration::from_secs(5);
+    let digits = log.wait_for(&["model ready", "model=digits"], limit);
+    assert!(digits.contains(" max_batch_size=32"), "{digits}");
+    let scalar = log.wait_for(&["model ready", "model=scalar_out"], limit);
+    assert!(scalar.contains(" max_batch_size=4"), "{scalar}");
+    drop(client);
+
+    // A request in flight when SIGTERM arrives (its body half sent) is still
+    // answered, while new connections are refused.
+    let body = serde_json::to_vec(&body).unwrap();
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let head = format!(
+        "POST /v2/models/digits/infer HTTP/1.1\r\nHost: sluice\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).unwrap();
+    conn.write_all(&body[..body.len() / 2]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+
+    let killed = Instant::now();
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    log.wait_for(&["SIGTERM received"], limit);
+    let refused = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        assert!(
+            refused.elapsed() < limit,
+            "new connections still accepted while stopping"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    conn.write_all(&body[body.len() / 2..]).unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let r: serde_json::Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(v2_output(&r, "label")["data"], json!([exp["labels"][3]]), "{r}");
+    let status = wait_for(&mut child, Duration::from_secs(15));
+    assert_eq!(status.code(), Some(0), "{}", log.seen.join("\n"));
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "took {:?} to exit",
+        killed.elapsed()
+    );
+    log.wait_for(&["sluice stopped"], limit);
+    assert!(
+        !log.seen
+            .iter()
+            .any(|l| l.contains("panicked") || l.contains("ERROR")),
+        "{}",
+        log.seen.join("\n")
+    );
+    // Gone: nothing listens on the port any more.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+}
