@@ -33,7 +33,7 @@ pub fn find_library(configured: Option<&Path>) -> Result<PathBuf, RuntimeError> 
             Ok(p.to_path_buf())
         } else {
             Err(RuntimeError::Library(format!(
-                "ONNX Runtime library {} (from config) does not exist; {fix}",
+                "ONNX Runtime library {} (from --onnxruntime-library or runtime.onnxruntime_library) does not exist; {fix}",
                 p.display()
             )))
         };
