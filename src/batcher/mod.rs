@@ -153,12 +153,19 @@ impl Batcher {
         };
         let mut receivers = Vec::new();
         let n_chunks = rows.div_ceil(chunk).max(1);
+        // The common case, one chunk, moves the inputs instead of copying them.
+        let mut whole = Some(inputs);
         for c in 0..n_chunks {
             let part: Vec<Tensor> = if n_chunks == 1 {
-                inputs.clone()
+                whole.take().expect("one chunk")
             } else {
                 let end = ((c + 1) * chunk).min(rows);
-                inputs.iter().map(|t| t.slice_rows(c * chunk..end)).collect()
+                whole
+                    .as_ref()
+                    .expect("inputs kept while chunking")
+                    .iter()
+                    .map(|t| t.slice_rows(c * chunk..end))
+                    .collect()
             };
             let (tx, rx) = oneshot::channel();
             let mut entry = Entry::new(part, arrival, deadline, tx);
@@ -173,7 +180,7 @@ impl Batcher {
             }
             receivers.push(rx);
         }
-        drop(inputs);
+        drop(whole);
         let wait = async {
             let mut parts = Vec::with_capacity(receivers.len());
             for rx in receivers {

@@ -173,10 +173,14 @@ fn dispatch(shared: &Arc<Shared>, batch: Vec<Entry>, trigger: Trigger, done: mps
 /// Runs one batch and answers each entry with its own rows. A batch that
 /// fails inside ONNX Runtime is retried entry by entry, so that one bad
 /// request fails alone.
-async fn run_batch(shared: &Shared, batch: Vec<Entry>) {
+async fn run_batch(shared: &Shared, mut batch: Vec<Entry>) {
     let batch_id = format!("{:016x}", NEXT_BATCH.fetch_add(1, Ordering::Relaxed));
-    let result = run(shared, &batch).await;
+    let result = run(shared, &mut batch).await;
     match result {
+        Ok(outputs) if batch.len() == 1 => {
+            let e = batch.pop().expect("one entry");
+            let _ = e.reply.send(Ok((outputs, batch_id)));
+        }
         Ok(outputs) => {
             let mut offset = 0;
             for e in batch {
@@ -190,10 +194,9 @@ async fn run_batch(shared: &Shared, batch: Vec<Entry>) {
         }
         Err(err) if batch.len() > 1 && matches!(err, Error::Runtime { .. } | Error::InvalidInput(_)) => {
             tracing::warn!(model = %shared.model, requests = batch.len(), error = %err, "batch failed; retrying its requests one by one");
-            for e in batch {
-                let one = std::slice::from_ref(&e);
+            for mut e in batch {
                 let id = format!("{:016x}", NEXT_BATCH.fetch_add(1, Ordering::Relaxed));
-                let r = run(shared, one).await.map(|o| (o, id));
+                let r = run(shared, std::slice::from_mut(&mut e)).await.map(|o| (o, id));
                 let _ = e.reply.send(r);
             }
         }
@@ -205,12 +208,13 @@ async fn run_batch(shared: &Shared, batch: Vec<Entry>) {
     }
 }
 
-/// Concatenates the entries' inputs, runs them, and checks that every
-/// output has one row per input row.
-async fn run(shared: &Shared, batch: &[Entry]) -> Result<Vec<Tensor>, Error> {
+/// Concatenates the entries' inputs (a lone entry's inputs are moved, not
+/// copied: it is never retried), runs them, and checks that every output
+/// has one row per input row.
+async fn run(shared: &Shared, batch: &mut [Entry]) -> Result<Vec<Tensor>, Error> {
     let rows: usize = batch.iter().map(|e| e.rows).sum();
     let inputs: Vec<Tensor> = if batch.len() == 1 {
-        batch[0].inputs.clone()
+        std::mem::take(&mut batch[0].inputs)
     } else {
         (0..batch[0].inputs.len())
             .map(|i| Tensor::concat_rows(&batch.iter().map(|e| &e.inputs[i]).collect::<Vec<_>>()))
