@@ -11,7 +11,7 @@ serve: setup
 
 ## test: every test (unit + end-to-end against real ONNX Runtime)
 test: setup
-	cargo test --all-targets -- --nocapture 2>&1 | grep -v '^$$' ; exit $${PIPESTATUS[0]}
+	cargo test
 
 setup: $(ORT_LIB)
 
