@@ -72,13 +72,21 @@ pub struct RepositoryConfig {
     pub debounce_seconds: f64,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RuntimeConfig {
     /// Path to `libonnxruntime.so.1.31.x`; empty = `ORT_DYLIB_PATH`, then `.ort/`.
     pub onnxruntime_library: Option<PathBuf>,
     /// Let ONNX Runtime's intra-op threads spin while waiting for work.
     pub intra_op_spinning: bool,
+    /// Instances of one model share one copy of their prepacked weights.
+    pub share_prepacked_weights: bool,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig { onnxruntime_library: None, intra_op_spinning: false, share_prepacked_weights: true }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -320,6 +328,15 @@ impl Config {
         (cores() / self.cpu_concurrent_batches()).max(1)
     }
 
+    /// Session options for models that do not override them.
+    pub fn session_defaults(&self) -> crate::runtime::onnx::SessionDefaults {
+        crate::runtime::onnx::SessionDefaults {
+            intra_op_threads: self.default_intra_op_threads(),
+            spinning: self.runtime.intra_op_spinning,
+            share_prepacked_weights: self.runtime.share_prepacked_weights,
+        }
+    }
+
     pub fn grace_period(&self) -> Duration {
         Duration::from_secs_f64(self.shutdown.grace_period_seconds)
     }
@@ -392,5 +409,20 @@ mod tests {
         assert_eq!(errs.len(), 2, "{errs:?}");
         assert!(errs[0].contains("max_batch_time") && errs[1].contains("instances"));
         assert!(Config::default().validate().is_ok());
+    }
+
+    #[test]
+    fn shipped_config_file_documents_every_key_with_its_default() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/sluice.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let parsed: Config = Figment::new().merge(Toml::string(&text)).extract().unwrap();
+        assert_eq!(parsed, Config::default(), "config/sluice.toml must hold the built-in defaults");
+        let defaults = serde_json::to_value(Config::default()).unwrap();
+        for (section, keys) in defaults.as_object().unwrap() {
+            assert!(text.contains(&format!("[{section}]")), "section [{section}] missing");
+            for key in keys.as_object().unwrap().keys() {
+                assert!(text.contains(&format!("{key} =")), "key {section}.{key} is not documented");
+            }
+        }
     }
 }

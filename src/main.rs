@@ -120,12 +120,7 @@ fn load_config(file: Option<&Path>, cli: &CliOverrides) -> Result<Config, String
 
 fn runtime(cfg: &Config) -> Result<OnnxRuntime, String> {
     let lib = find_library(cfg.runtime.onnxruntime_library.as_deref()).map_err(|e| e.to_string())?;
-    let rt = OnnxRuntime::init(
-        &lib,
-        cfg.runtime.intra_op_spinning,
-        cfg.default_intra_op_threads(),
-    )
-    .map_err(|e| e.to_string())?;
+    let rt = OnnxRuntime::init(&lib, cfg.session_defaults()).map_err(|e| e.to_string())?;
     tracing::info!(library = %lib.display(), "ONNX Runtime loaded");
     Ok(rt)
 }

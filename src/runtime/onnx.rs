@@ -67,21 +67,29 @@ pub fn find_library(configured: Option<&Path>) -> Result<PathBuf, RuntimeError> 
     )))
 }
 
+/// Session options every model gets unless its settings say otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionDefaults {
+    /// Intra-op threads when a model does not set `intra_op_threads` (the
+    /// pool's thread budget, see `Config::default_intra_op_threads`).
+    pub intra_op_threads: usize,
+    /// Let intra-op threads spin while waiting for work.
+    pub spinning: bool,
+    /// Instances of one model share one copy of their prepacked weights.
+    pub share_prepacked_weights: bool,
+}
+
 /// The ONNX Runtime implementation of [`Runtime`].
 pub struct OnnxRuntime {
     env: &'static Environment,
     library: &'static Path,
-    /// Intra-op threads for a model that does not set `intra_op_threads`.
-    default_intra: usize,
-    spinning: bool,
+    defaults: SessionDefaults,
 }
 
 impl OnnxRuntime {
     /// Loads the library (once per process) and creates the environment.
     /// A second call reuses the first environment.
-    /// `default_intra`: intra-op threads per session when a model does not
-    /// set `intra_op_threads` (the pool's thread budget, see `Config`).
-    pub fn init(library: &Path, spinning: bool, default_intra: usize) -> Result<OnnxRuntime, RuntimeError> {
+    pub fn init(library: &Path, defaults: SessionDefaults) -> Result<OnnxRuntime, RuntimeError> {
         let (env, lib) = match ENVIRONMENT.get() {
             Some(e) => e,
             None => {
@@ -102,12 +110,7 @@ impl OnnxRuntime {
                     .expect("environment was just set. This is a bug.")
             }
         };
-        Ok(OnnxRuntime {
-            env,
-            library: lib,
-            default_intra: default_intra.max(1),
-            spinning,
-        })
+        Ok(OnnxRuntime { env, library: lib, defaults })
     }
 
     /// The library this process loaded.
@@ -118,11 +121,11 @@ impl OnnxRuntime {
     fn builder(&self, settings: &ModelSettings) -> ort::Result<SessionBuilder> {
         // The pool bounds how many batches run at once on the CPU; the
         // default intra-op threads share the cores among those batches.
-        let intra = settings.intra_op_threads.unwrap_or(self.default_intra);
+        let intra = settings.intra_op_threads.unwrap_or(self.defaults.intra_op_threads.max(1));
         Ok(ort::session::Session::builder(self.env)?
             .with_optimization_level(GraphOptimizationLevel::Level3)?
             .with_intra_threads(intra)?
-            .with_intra_op_spinning(self.spinning)?
+            .with_intra_op_spinning(self.defaults.spinning)?
             .with_log_id("sluice")?)
     }
 
@@ -160,9 +163,9 @@ impl OnnxRuntime {
         let mut builder = self.builder(settings).map_err(|e| e.to_string())?;
         // Instances of one model share their prepacked weights instead of
         // each keeping its own copy.
-        builder = builder
-            .with_prepacked_weights(shared)
-            .map_err(|e| ort::Error::<()>::from(e).to_string())?;
+        if self.defaults.share_prepacked_weights {
+            builder = builder.with_prepacked_weights(shared).map_err(|e| ort::Error::<()>::from(e).to_string())?;
+        }
         if let Device::Cuda(id) = device {
             builder = builder
                 .with_execution_providers([Self::cuda_ep(settings, id)])

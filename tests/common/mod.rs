@@ -20,10 +20,7 @@ pub fn root() -> PathBuf {
 pub fn runtime() -> Arc<OnnxRuntime> {
     let lib = find_library(None)
         .expect("ONNX Runtime not found: run scripts/fetch-onnxruntime.sh (make test does)");
-    let cfg = Config::default();
-    Arc::new(
-        OnnxRuntime::init(&lib, false, cfg.default_intra_op_threads()).expect("cannot load ONNX Runtime"),
-    )
+    Arc::new(OnnxRuntime::init(&lib, Config::default().session_defaults()).expect("cannot load ONNX Runtime"))
 }
 
 /// Copies a folder recursively.
