@@ -11,7 +11,7 @@ Writes:
   model-repository/mlp/      784-1024-1024-10 Gemm+Relu MLP, random weights
   tests/fixtures/digits_expected.json, mlp_expected.json, multi_io_expected.json
                              inputs + outputs computed with Python onnxruntime
-  tests/fixtures/models/{dtypes,multi_io,fixed_batch,scalar_out,broken}/
+  tests/fixtures/models/{dtypes,multi_io,fixed_batch,scalar_out,broken,varlen,slow}/
                              small hand-built models for server edge cases
 
 Deterministic: fixed seeds, single-threaded BLAS / onnxruntime, explicit graph
@@ -366,6 +366,88 @@ def make_broken() -> None:
     print(f"broken: {rel(folder / 'model.onnx')} {status}")
 
 
+def make_varlen() -> None:
+    """x FP32[N, M] with both dims dynamic -> y = 2x: requests with different M must never share a batch."""
+    g = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["y"], name="double")],
+        "varlen",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "M"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "M"])],
+        initializer=[numpy_helper.from_array(np.array(2.0, np.float32), "two")],
+    )
+    settings = {"max_batch_size": 16, "max_batch_time": 0.05, "batch_policy": "fixed"}
+    path = save_model(TEST_MODELS / "varlen", finish_model(g), settings)
+    sess = session(path)
+    for shape in [(2, 3), (1, 5)]:
+        x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+        assert np.array_equal(sess.run(["y"], {"x": x})[0], x * 2)
+    print(f"varlen: {rel(path)} ({path.stat().st_size} B) {describe(sess)}")
+
+
+# Work of the `slow` model: SLOW_MATMULS products of SLOW_DIM x SLOW_DIM matrices per run,
+# whatever the batch size (about 80 ms on 2 cores of a 2020s x86 CPU).
+SLOW_DIM = 512
+SLOW_MATMULS = 16
+
+
+def make_slow() -> None:
+    """x FP32[N, 4] -> y = 2x, after a fixed amount of work that depends on x (so ONNX Runtime
+    cannot fold it away) but not on N: a batch takes as long as one request, for queue,
+    deadline and fairness tests. The work matrix W is built in the graph (Range -> Cos), so the
+    file stays tiny; ONNX Runtime folds W to a constant when the session loads."""
+    d = SLOW_DIM
+    nodes = [
+        helper.make_node("Range", ["r_start", "r_limit", "r_delta"], ["w_idx"], name="w_index"),
+        helper.make_node("Reshape", ["w_idx", "w_shape"], ["w_square"], name="w_square"),
+        helper.make_node("Cos", ["w_square"], ["w_cos"], name="w_cos"),
+        helper.make_node("Mul", ["w_cos", "w_scale"], ["W"], name="w_scale"),
+        # The work starts from W + sum(x), so it depends on the input.
+        helper.make_node("ReduceSum", ["x"], ["x_sum"], keepdims=0, name="sum_x"),
+        helper.make_node("Add", ["W", "x_sum"], ["a0"], name="seed_work"),
+    ]
+    for i in range(SLOW_MATMULS):
+        nodes.append(helper.make_node("MatMul", [f"a{i}", "W"], [f"a{i + 1}"], name=f"work{i}"))
+    nodes += [
+        # y = 2x + 0 * mean(work): the work is needed for y but does not change it.
+        helper.make_node("ReduceMean", [f"a{SLOW_MATMULS}"], ["work_mean"], keepdims=0, name="mean_work"),
+        helper.make_node("Mul", ["work_mean", "zero"], ["work_zero"], name="zero_work"),
+        helper.make_node("Mul", ["x", "two"], ["x2"], name="double_x"),
+        helper.make_node("Add", ["x2", "work_zero"], ["y"], name="keep_work"),
+    ]
+    scalar = lambda v, name: numpy_helper.from_array(np.array(v, np.float32), name)  # noqa: E731
+    g = helper.make_graph(
+        nodes,
+        "slow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        initializer=[
+            scalar(0.0, "r_start"),
+            scalar(float(d * d), "r_limit"),
+            scalar(1.0, "r_delta"),
+            numpy_helper.from_array(np.array([d, d], np.int64), "w_shape"),
+            scalar(1.0 / np.sqrt(d), "w_scale"),
+            scalar(0.0, "zero"),
+            scalar(2.0, "two"),
+        ],
+    )
+    path = save_model(TEST_MODELS / "slow", finish_model(g), {"max_batch_size": 8})
+
+    import time
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    timings = []
+    for rows in [1, 1, 8, 1]:
+        x = np.random.default_rng(3).random((rows, 4), dtype=np.float32) * 10
+        start = time.perf_counter()
+        (y,) = sess.run(["y"], {"x": x})
+        timings.append(f"{rows} rows {1000 * (time.perf_counter() - start):.0f} ms")
+        if not np.array_equal(y, x * 2):
+            sys.exit(f"make_models: error: slow model: y != 2x for {rows} rows (work not finite?)")
+    print(f"slow: {rel(path)} ({path.stat().st_size} B) {describe(sess)}; runs: {', '.join(timings[1:])}")
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -378,6 +460,8 @@ def main() -> None:
     make_fixed_batch()
     make_scalar_out()
     make_broken()
+    make_varlen()
+    make_slow()
 
 
 if __name__ == "__main__":

@@ -134,6 +134,11 @@ impl State {
         Some(self.last_arrival? + self.mean_gap?)
     }
 
+    /// The earliest deadline of the waiting entries.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.entries.iter().map(|e| e.deadline).min()
+    }
+
     /// Removes entries that expired or whose client left; returns them with why.
     pub fn remove_dead(&mut self, now: Instant) -> Vec<(Entry, Dropped)> {
         let mut dead = Vec::new();
@@ -253,6 +258,7 @@ pub(crate) mod tests {
         s.push(b);
         s.push(c);
         drop(ra);
+        assert_eq!(s.next_deadline(), Some(now + Duration::from_millis(5)));
         let dead = s.remove_dead(now + Duration::from_millis(10));
         assert_eq!(
             dead.iter().map(|(_, why)| *why).collect::<Vec<_>>(),

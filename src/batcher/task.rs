@@ -95,6 +95,14 @@ pub(super) async fn batching_task(
             Decision::Wait(d) => Some(d),
             Decision::Idle => None,
         };
+        // Also wake at the earliest deadline in the queue: an expired request
+        // has been answered 504 and must stop counting against
+        // `max_queue_size` then, not when a batch next ends or arrives.
+        let expiry = state.next_deadline().map(|d| d.saturating_duration_since(now));
+        let wait = match (wait, expiry) {
+            (Some(w), Some(e)) => Some(w.min(e)),
+            (w, e) => w.or(e),
+        };
         let sleep = async {
             match wait {
                 Some(d) => tokio::time::sleep(d).await,

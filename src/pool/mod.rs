@@ -84,8 +84,12 @@ struct Job {
     deadline: Instant,
     /// The caller awaits the result here.
     reply: oneshot::Sender<Result<Vec<Tensor>, RunError>>,
-    /// Released by the session thread when the run ends.
-    _slots: (OwnedSemaphorePermit, DevicePermit),
+    /// Released by the session thread when the run ends, the device slot
+    /// first (a tuple drops in field order): it must go to a batch already
+    /// waiting at the device, often another model's, before this model's
+    /// next batch, woken by the session slot, can queue for it there with
+    /// its older requests and take it again.
+    _slots: (DevicePermit, OwnedSemaphorePermit),
 }
 
 /// The sessions of one model placed on one device.
@@ -211,7 +215,7 @@ impl ModelWorkers {
             outputs,
             deadline,
             reply,
-            _slots: (session, device),
+            _slots: (device, session),
         };
         group.tx.try_send(job).map_err(|e| match e {
             crossbeam_channel::TrySendError::Full(_) => {

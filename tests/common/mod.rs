@@ -3,6 +3,9 @@
 //! real ONNX Runtime, stopped through its shutdown future.
 #![allow(dead_code)]
 
+pub mod batching;
+pub mod prometheus;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

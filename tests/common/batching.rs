@@ -1,0 +1,81 @@
+//! Helpers of the batching tests (`tests/batching.rs`): repositories of
+//! renamed fixture copies, V2 bodies, the `mlp` fixture rows, a POST that
+//! keeps `Retry-After`, and deterministic pseudo-random numbers.
+
+use serde_json::{json, Value};
+
+use super::{copy_dir, fixture, flat_f64, root, write_settings};
+
+/// A temp repository of `(fixture, folder, settings)`: each a copy of a
+/// fixture model (`tests/fixtures/models/` or `model-repository/`) under its
+/// own folder name, with its own `model-settings.json`.
+pub fn repo(models: &[(&str, &str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (fixture, folder, settings) in models {
+        let test_model = root().join("tests/fixtures/models").join(fixture);
+        let src = if test_model.is_dir() {
+            test_model
+        } else {
+            root().join("model-repository").join(fixture)
+        };
+        copy_dir(&src, &dir.path().join(folder));
+        write_settings(dir.path(), folder, settings);
+    }
+    dir
+}
+
+/// The 16 input rows of `mlp` and their logits, computed by Python ONNX Runtime.
+pub struct MlpRows {
+    pub inputs: Vec<Vec<f64>>,
+    pub logits: Vec<Vec<f64>>,
+}
+
+pub fn mlp_rows() -> MlpRows {
+    let f = fixture("mlp_expected.json");
+    let rows = |key: &str| f[key].as_array().unwrap().iter().map(flat_f64).collect();
+    MlpRows {
+        inputs: rows("inputs"),
+        logits: rows("logits"),
+    }
+}
+
+/// A V2 body with one FP32 input of the given rows.
+pub fn v2_body(input: &str, rows: &[Vec<f64>]) -> Value {
+    json!({"inputs": [{
+        "name": input, "shape": [rows.len(), rows[0].len()], "datatype": "FP32", "data": rows.concat()
+    }]})
+}
+
+/// POSTs JSON; returns status, `Retry-After` and the body.
+pub async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Option<String>, Value) {
+    let r = client.post(url).json(body).send().await.unwrap();
+    let status = r.status().as_u16();
+    let retry = r
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    let text = r.text().await.unwrap();
+    (
+        status,
+        retry,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// `[[2x]]` of `[[x]]`, for the `slow` and `varlen` models.
+pub fn doubled(rows: &[Vec<f64>]) -> Vec<f64> {
+    rows.concat().iter().map(|x| x * 2.0).collect()
+}
+
+/// Deterministic pseudo-random numbers (no `rand` dependency).
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
