@@ -13,6 +13,10 @@ serve: setup
 test: setup
 	cargo test --all-targets -- --nocapture 2>&1 | grep -v '^$$' ; exit $${PIPESTATUS[0]}
 
+## bench: end-to-end serving benchmark, prints Markdown tables (benches/README.md)
+bench: setup
+	cargo bench --bench serving
+
 setup: $(ORT_LIB)
 
 $(ORT_LIB): scripts/fetch-onnxruntime.sh
