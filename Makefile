@@ -13,6 +13,10 @@ serve: setup
 test: setup
 	cargo test
 
+## bench: end-to-end serving benchmark, prints Markdown tables (benches/README.md)
+bench: setup
+	cargo bench --bench serving
+
 setup: $(ORT_LIB)
 
 $(ORT_LIB): scripts/fetch-onnxruntime.sh
