@@ -25,8 +25,12 @@ fn one(model: &Path, instances: usize, share: bool) {
     let mut defaults = Config::default().session_defaults();
     defaults.share_prepacked_weights = share;
     let rt = OnnxRuntime::init(&find_library(None).expect("ONNX Runtime"), defaults).expect("init");
-    let settings =
-        ModelSettings::parse(&format!(r#"{{"instances": {instances}}}"#), "m", &ModelDefaults::default()).unwrap();
+    let settings = ModelSettings::parse(
+        &format!(r#"{{"instances": {instances}}}"#),
+        "m",
+        &ModelDefaults::default(),
+    )
+    .unwrap();
     let before = rss_kib();
     let loaded = rt.load("m", model, &settings).expect("load");
     let after = rss_kib();
@@ -40,7 +44,10 @@ fn main() {
         let model = Path::new(&args[2]);
         return one(model, args[3].parse().unwrap(), args[4] == "true");
     }
-    let model = args.get(1).cloned().unwrap_or_else(|| "model-repository/mlp/model.onnx".into());
+    let model = args
+        .get(1)
+        .cloned()
+        .unwrap_or_else(|| "model-repository/mlp/model.onnx".into());
     let exe = std::env::current_exe().unwrap();
     println!("| instances | prepacked weights | RSS of the sessions (MiB) | per extra instance (MiB) |");
     println!("|---|---|---|---|");
@@ -52,10 +59,18 @@ fn main() {
                 .output()
                 .expect("child");
             let text = String::from_utf8_lossy(&out.stdout);
-            let f: Vec<u64> = text.split_whitespace().skip(2).map(|x| x.parse().unwrap()).collect();
+            let f: Vec<u64> = text
+                .split_whitespace()
+                .skip(2)
+                .map(|x| x.parse().unwrap())
+                .collect();
             let used = (f[1] - f[0]) as f64 / 1024.0;
             let base = *first.get_or_insert(used);
-            let per = if instances > 1 { format!("{:.1}", (used - base) / (instances - 1) as f64) } else { "-".into() };
+            let per = if instances > 1 {
+                format!("{:.1}", (used - base) / (instances - 1) as f64)
+            } else {
+                "-".into()
+            };
             let how = if share { "shared" } else { "one copy each" };
             println!("| {instances} | {how} | {used:.1} | {per} |");
         }

@@ -15,6 +15,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::settings::{BatchPolicyKind, ExecutionProvider, ModelDefaults};
 
+/// Read when no `--config` is given, if it exists (relative to the working directory).
+pub const DEFAULT_FILE: &str = "config/sluice.toml";
+
 /// The whole configuration file, as written (raw values).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -85,7 +88,11 @@ pub struct RuntimeConfig {
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
-        RuntimeConfig { onnxruntime_library: None, intra_op_spinning: false, share_prepacked_weights: true }
+        RuntimeConfig {
+            onnxruntime_library: None,
+            intra_op_spinning: false,
+            share_prepacked_weights: true,
+        }
     }
 }
 
@@ -181,7 +188,9 @@ impl Config {
         match file {
             Some(f) if !f.is_file() => return Err(format!("config file {} does not exist", f.display())),
             Some(f) => fig = fig.merge(Toml::file_exact(f)),
-            None => fig = fig.merge(Toml::file_exact("config/sluice.toml")),
+            // The default file is optional: without it, defaults and env apply.
+            None if Path::new(DEFAULT_FILE).is_file() => fig = fig.merge(Toml::file_exact(DEFAULT_FILE)),
+            None => {}
         }
         fig = fig
             // Nested keys with a double underscore: SLUICE_HTTP__PORT=9000.
@@ -416,13 +425,32 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/sluice.toml");
         let text = std::fs::read_to_string(&path).unwrap();
         let parsed: Config = Figment::new().merge(Toml::string(&text)).extract().unwrap();
-        assert_eq!(parsed, Config::default(), "config/sluice.toml must hold the built-in defaults");
+        assert_eq!(
+            parsed,
+            Config::default(),
+            "config/sluice.toml must hold the built-in defaults"
+        );
         let defaults = serde_json::to_value(Config::default()).unwrap();
         for (section, keys) in defaults.as_object().unwrap() {
-            assert!(text.contains(&format!("[{section}]")), "section [{section}] missing");
+            assert!(
+                text.contains(&format!("[{section}]")),
+                "section [{section}] missing"
+            );
             for key in keys.as_object().unwrap().keys() {
-                assert!(text.contains(&format!("{key} =")), "key {section}.{key} is not documented");
+                assert!(
+                    text.contains(&format!("{key} =")),
+                    "key {section}.{key} is not documented"
+                );
             }
         }
+    }
+
+    #[test]
+    fn missing_default_file_is_fine() {
+        Jail::expect_with(|_jail| {
+            let cfg = Config::load(None, &CliOverrides::default()).unwrap();
+            assert_eq!(cfg, Config::default());
+            Ok(())
+        });
     }
 }

@@ -239,10 +239,7 @@ async fn run(shared: &Shared, batch: &mut [Entry]) -> Result<Vec<Tensor>, Error>
         .max()
         .expect("a batch is never empty. This is a bug.");
     let started = Instant::now();
-    let result = shared
-        .workers
-        .run(inputs, shared.outputs.clone(), oldest, deadline)
-        .await;
+    let result = shared.workers.run(inputs, shared.outputs.clone(), deadline).await;
     let model = shared.model.to_string();
     match result {
         Ok(outputs) => {

@@ -589,11 +589,9 @@ async fn a_busy_model_does_not_starve_a_quiet_one_on_a_shared_device() {
 }
 
 /// With two sessions, the busy model always has a batch waiting at the
-/// device next to the quiet model's, and its requests are older, so
-/// oldest-request-first serves its whole backlog first.
+/// device next to the quiet model's, with older requests in it: the device
+/// queue must order batches by when they asked, not by their oldest request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "pool/fair.rs orders device waiters by their oldest request: a model with instances > 1 keeps \
-            a batch of older requests waiting at the device, so a quiet model waits for its whole backlog"]
 async fn a_busy_model_with_two_sessions_does_not_starve_a_quiet_one() {
     quiet_model_is_not_starved(2).await;
 }

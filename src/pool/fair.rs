@@ -1,7 +1,11 @@
 //! One device's scheduler: at most `limit` batches run on the device at once
 //! (whatever model they belong to), and when a slot frees, the waiting batch
-//! whose oldest request arrived first goes next, so a busy model cannot
-//! starve a quiet one.
+//! with the earliest key goes next. The pool keys each batch by the moment it
+//! asked for a slot (oldest batch first). Since a model has at most one
+//! batch per session asking at a time, a quiet model's batch waits behind at
+//! most that many of a busy model's, however long the busy model's backlog.
+//! (Keying by the batch's oldest request instead lets a model with a long
+//! backlog, whose next batch always holds older requests, starve the others.)
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -79,8 +83,8 @@ impl DeviceScheduler {
         self.limit
     }
 
-    /// Waits for a run slot. `oldest`: arrival of the batch's oldest request.
-    pub async fn acquire(self: &Arc<Self>, oldest: Instant) -> DevicePermit {
+    /// Waits for a run slot; waiters with an earlier `key` go first.
+    pub async fn acquire(self: &Arc<Self>, key: Instant) -> DevicePermit {
         let rx = {
             let mut s = self.slots.lock().expect("device slots poisoned");
             if s.running < self.limit {
@@ -93,7 +97,7 @@ impl DeviceScheduler {
             let (tx, rx) = oneshot::channel();
             let seq = s.next_seq;
             s.next_seq += 1;
-            s.waiting.push(Waiter { oldest, seq, tx });
+            s.waiting.push(Waiter { oldest: key, seq, tx });
             rx
         };
         rx.await

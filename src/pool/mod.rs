@@ -2,10 +2,10 @@
 //! dedicated OS threads (never on the async runtime: `Session::run` blocks
 //! for the whole inference). One [`DeviceScheduler`] per device (the CPU,
 //! each GPU) bounds how many batches run on it at once across all models,
-//! and hands free slots to the oldest waiting batch first.
+//! and hands free slots to the batch that has waited longest for one.
 //!
 //! A batch goes: model session slot (FIFO within the model) → device slot
-//! (oldest first across models) → the model's session thread. Both slots
+//! (oldest batch first across models) → the model's session thread. Both slots
 //! travel with the job and are released by the session thread when the run
 //! ends, so a caller that gives up can never leave the device
 //! oversubscribed.
@@ -191,13 +191,11 @@ impl ModelWorkers {
         self.groups.iter().map(|g| g.device).collect()
     }
 
-    /// Runs one batch and waits for its outputs. `oldest`: arrival of the
-    /// batch's oldest request (its place in the device's queue).
+    /// Runs one batch and waits for its outputs.
     pub async fn run(
         &self,
         inputs: Vec<Tensor>,
         outputs: Vec<String>,
-        oldest: Instant,
         deadline: Instant,
     ) -> Result<Vec<Tensor>, RunError> {
         let i = self.next_group.fetch_add(1, Ordering::Relaxed) % self.groups.len();
@@ -208,7 +206,8 @@ impl ModelWorkers {
             .acquire_owned()
             .await
             .map_err(|_| RunError::Closed)?;
-        let device = group.scheduler.acquire(oldest).await;
+        // The batch's place in the device queue: when it asked for a slot.
+        let device = group.scheduler.acquire(Instant::now()).await;
         let (reply, rx) = oneshot::channel();
         let job = Job {
             inputs,

@@ -110,7 +110,11 @@ impl OnnxRuntime {
                     .expect("environment was just set. This is a bug.")
             }
         };
-        Ok(OnnxRuntime { env, library: lib, defaults })
+        Ok(OnnxRuntime {
+            env,
+            library: lib,
+            defaults,
+        })
     }
 
     /// The library this process loaded.
@@ -121,7 +125,9 @@ impl OnnxRuntime {
     fn builder(&self, settings: &ModelSettings) -> ort::Result<SessionBuilder> {
         // The pool bounds how many batches run at once on the CPU; the
         // default intra-op threads share the cores among those batches.
-        let intra = settings.intra_op_threads.unwrap_or(self.defaults.intra_op_threads.max(1));
+        let intra = settings
+            .intra_op_threads
+            .unwrap_or(self.defaults.intra_op_threads.max(1));
         Ok(ort::session::Session::builder(self.env)?
             .with_optimization_level(GraphOptimizationLevel::Level3)?
             .with_intra_threads(intra)?
@@ -164,7 +170,9 @@ impl OnnxRuntime {
         // Instances of one model share their prepacked weights instead of
         // each keeping its own copy.
         if self.defaults.share_prepacked_weights {
-            builder = builder.with_prepacked_weights(shared).map_err(|e| ort::Error::<()>::from(e).to_string())?;
+            builder = builder
+                .with_prepacked_weights(shared)
+                .map_err(|e| ort::Error::<()>::from(e).to_string())?;
         }
         if let Device::Cuda(id) = device {
             builder = builder
