@@ -41,6 +41,8 @@ pub(crate) enum Msg {
     /// A new version of the model replaced this one: queued requests (and
     /// any that still arrive) move to its batcher; in-flight batches finish here.
     Handoff(Batcher),
+    /// The version is unloading: flush instead of waiting (see [`Batcher::retire`]).
+    Retire,
 }
 
 struct Inner {
@@ -101,6 +103,13 @@ impl Batcher {
     /// valid when both versions have the same signature.
     pub fn handoff_to(&self, successor: Batcher) {
         let _ = self.inner.entries.send(Msg::Handoff(successor));
+    }
+
+    /// Stops waiting for batches to fill: the model version is unloading or
+    /// was replaced, so what is queued runs as soon as a session can take it
+    /// (`trigger="drain"`). Requests still accepted are answered.
+    pub fn retire(&self) {
+        let _ = self.inner.entries.send(Msg::Retire);
     }
 
     /// Queues an entry that another batcher accepted (see [`Batcher::handoff_to`]).

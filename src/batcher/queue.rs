@@ -158,9 +158,11 @@ impl State {
         dead
     }
 
-    /// Takes the oldest entry and, in arrival order, every later entry with
-    /// the same key while the batch stays within `max_rows` rows. The oldest
-    /// entry is always taken (the batcher splits entries to fit beforehand).
+    /// Takes the oldest entry and, in arrival order, the later entries with
+    /// the same key while the batch stays within `max_rows` rows. Entries of
+    /// one key leave in arrival order (a small request never jumps a larger
+    /// one that did not fit, so a split request's chunks run in order). The
+    /// oldest entry is always taken (the batcher splits entries to fit).
     pub fn take_batch(&mut self, max_rows: usize) -> Vec<Entry> {
         let Some(first) = self.entries.pop_front() else {
             return Vec::new();
@@ -168,12 +170,14 @@ impl State {
         let mut rows = first.rows;
         let key = first.key.clone();
         let mut batch = vec![first];
+        let mut full = false;
         let mut rest = VecDeque::with_capacity(self.entries.len());
         for e in self.entries.drain(..) {
-            if e.key == key && rows + e.rows <= max_rows {
+            if !full && e.key == key && rows + e.rows <= max_rows {
                 rows += e.rows;
                 batch.push(e);
             } else {
+                full |= e.key == key;
                 rest.push_back(e);
             }
         }
@@ -225,6 +229,26 @@ pub(crate) mod tests {
             vec![2, 5]
         );
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_later_small_request_never_jumps_an_earlier_one_that_did_not_fit() {
+        let now = Instant::now();
+        let mut s = State::new();
+        let mut keep = Vec::new();
+        for rows in [3, 6, 1] {
+            let (e, rx) = entry(rows, 2, now);
+            keep.push(rx);
+            s.push(e);
+        }
+        assert_eq!(
+            s.take_batch(8).iter().map(|e| e.rows).collect::<Vec<_>>(),
+            vec![3]
+        );
+        assert_eq!(
+            s.take_batch(8).iter().map(|e| e.rows).collect::<Vec<_>>(),
+            vec![6, 1]
+        );
     }
 
     #[test]

@@ -49,6 +49,9 @@ pub(super) async fn batching_task(
     let instances = shared.workers.instances();
     let mut in_flight = 0usize;
     let mut open = true;
+    // Set by `Batcher::retire` (the model is unloading or was replaced): no
+    // more waiting for batches to fill.
+    let mut draining = false;
     // Set when a new version of the model took over: every queued or newly
     // arriving request goes there instead.
     let mut successor: Option<Batcher> = None;
@@ -68,24 +71,20 @@ pub(super) async fn batching_task(
                 Dropped::ClientGone => metrics::dropped(&shared.model, "client_gone"),
             }
         }
-        if !open {
-            // Draining: run everything left, then wait for the runs to end.
-            if !state.is_empty() && in_flight <= instances {
-                let batch = state.take_batch(settings.borrow().max_batch_size.max(1));
-                in_flight += 1;
-                dispatch(&shared, batch, Trigger::Drain, done_tx.clone());
-                continue;
-            }
-            if state.is_empty() && in_flight == 0 {
-                break;
-            }
-            if done_rx.recv().await.is_some() {
-                in_flight -= 1;
-            }
-            continue;
+        if !open && state.is_empty() && in_flight == 0 {
+            break;
         }
         let current = *settings.borrow();
-        let wait = match decide(&state, now, &current, Capacity::new(instances, in_flight)) {
+        let decision = if draining || !open {
+            // Retired or closed: run what is queued as soon as a session can take it.
+            match !state.is_empty() && in_flight <= instances {
+                true => Decision::Flush(Trigger::Drain),
+                false => Decision::Idle,
+            }
+        } else {
+            decide(&state, now, &current, Capacity::new(instances, in_flight))
+        };
+        let wait = match decision {
             Decision::Flush(trigger) => {
                 let batch = state.take_batch(current.max_batch_size.max(1));
                 in_flight += 1;
@@ -112,17 +111,17 @@ pub(super) async fn batching_task(
         tokio::select! {
             biased;
             Some(()) = done_rx.recv() => in_flight -= 1,
-            msg = entries.recv() => match msg {
+            msg = entries.recv(), if open => match msg {
                 Some(msg) => {
-                    receive(&shared, &mut state, &mut successor, msg);
+                    draining |= receive(&shared, &mut state, &mut successor, msg);
                     // Take whatever else is already there before deciding.
                     while let Ok(msg) = entries.try_recv() {
-                        receive(&shared, &mut state, &mut successor, msg);
+                        draining |= receive(&shared, &mut state, &mut successor, msg);
                     }
                 }
                 None => open = false,
             },
-            Ok(()) = settings.changed() => {}
+            Ok(()) = settings.changed(), if open => {}
             () = sleep => {}
         }
     }
@@ -130,9 +129,10 @@ pub(super) async fn batching_task(
 }
 
 /// Queues an entry, or forwards it (and, on a handoff, the whole queue) to
-/// the successor version.
-fn receive(shared: &Shared, state: &mut State, successor: &mut Option<Batcher>, msg: Msg) {
+/// the successor version. Returns true for a `Retire`.
+fn receive(shared: &Shared, state: &mut State, successor: &mut Option<Batcher>, msg: Msg) -> bool {
     match msg {
+        Msg::Retire => return true,
         Msg::Entry(e) => match successor {
             Some(next) => {
                 leave_queue(shared, &e);
@@ -152,6 +152,7 @@ fn receive(shared: &Shared, state: &mut State, successor: &mut Option<Batcher>, 
             *successor = Some(next);
         }
     }
+    false
 }
 
 /// Releases an entry's queue slot (for a request's last chunk).

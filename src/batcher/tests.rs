@@ -595,3 +595,47 @@ async fn a_busy_model_does_not_starve_a_quiet_one_on_a_shared_device() {
 async fn a_busy_model_with_two_sessions_does_not_starve_a_quiet_one() {
     quiet_model_is_not_starved(2).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retire_flushes_a_forming_batch_at_once() {
+    // Fixed policy with a long max_batch_time: a lone request would wait 2 s.
+    let m = start(settings(BatchPolicyKind::Fixed, 8, 2000), Duration::ZERO);
+    let b = m.batcher.clone();
+    let t0 = Instant::now();
+    let pending = tokio::spawn(async move { infer(&b, request(7, 1, 2)).await });
+    until("the request is queued", || m.batcher.queued() == 1).await;
+    m.batcher.retire();
+    let (y, _) = pending.await.unwrap().unwrap();
+    assert_doubled(&request(7, 1, 2), &y, "retired");
+    assert!(
+        t0.elapsed() < Duration::from_millis(1000),
+        "retire did not flush: {:?}",
+        t0.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handoff_moves_queued_requests_to_the_successor() {
+    let old = start(settings(BatchPolicyKind::Fixed, 8, 2000), Duration::ZERO);
+    let new = start(settings(BatchPolicyKind::Adaptive, 8, 1), Duration::ZERO);
+    let b = old.batcher.clone();
+    let pending = tokio::spawn(async move { infer(&b, request(3, 2, 2)).await });
+    until("the request is queued on the old version", || {
+        old.batcher.queued() == 1
+    })
+    .await;
+    old.batcher.handoff_to(new.batcher.clone());
+    let (y, _) = pending.await.unwrap().unwrap();
+    assert_doubled(&request(3, 2, 2), &y, "handed off");
+    assert_eq!(
+        old.seen.started.load(SeqCst),
+        0,
+        "the old version ran the request"
+    );
+    assert!(
+        new.seen.started.load(SeqCst) >= 1,
+        "the new version did not run it"
+    );
+    assert_eq!(old.batcher.queued(), 0);
+    assert_eq!(new.batcher.queued(), 0);
+}

@@ -302,6 +302,7 @@ impl Repository {
                         if old.signature == handle.signature {
                             old.batcher().handoff_to(handle.batcher().clone());
                         }
+                        old.batcher().retire();
                         tracing::info!(model = %name, "new version serves; the old one drains and unloads");
                         "reloaded"
                     }
@@ -337,6 +338,9 @@ impl Repository {
     fn remove(&mut self, folder: &str) {
         if let Some(t) = self.tracked.remove(folder) {
             let queued = t.serving.as_ref().map(|(h, _)| h.batcher().queued()).unwrap_or(0);
+            if let Some((h, _)) = &t.serving {
+                h.batcher().retire();
+            }
             tracing::info!(model = %t.name, queued, "model folder removed; draining, then unloading");
             self.registry.remove(&t.name);
             metrics::model_ready(&t.name, false);
@@ -376,7 +380,9 @@ impl Repository {
             .find(|t| t.name == name)
             .ok_or_else(|| Error::ModelNotFound(name.to_string()))?;
         t.pinned_unloaded = true;
-        t.serving = None;
+        if let Some((h, _)) = t.serving.take() {
+            h.batcher().retire();
+        }
         let (name, dir) = (t.name.clone(), t.dir.clone());
         tracing::info!(model = %name, "unloaded through the repository API; accepted requests finish first");
         metrics::model_reload(&name, "unloaded");
