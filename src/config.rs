@@ -357,6 +357,7 @@ pub fn cores() -> usize {
 }
 
 #[cfg(test)]
+#[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error
 mod tests {
     use super::*;
     use figment::Jail;
