@@ -82,6 +82,10 @@ impl OnnxRuntime {
     /// `default_intra`: intra-op threads per session when a model does not
     /// set `intra_op_threads` (the pool's thread budget, see `Config`).
     pub fn init(library: &Path, spinning: bool, default_intra: usize) -> Result<OnnxRuntime, RuntimeError> {
+        // Serializes the first creation: two callers racing past `get()` would
+        // both create an environment, and ONNX Runtime refuses the second.
+        static CREATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _creating = CREATING.lock().unwrap_or_else(|e| e.into_inner());
         let (env, lib) = match ENVIRONMENT.get() {
             Some(e) => e,
             None => {
