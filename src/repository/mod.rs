@@ -389,6 +389,9 @@ impl Repository {
     /// folder of the repository (`..`, `/`, absolute paths, symlinks out).
     fn find_folder(&self, name: &str) -> Result<ModelDir, Error> {
         check_name(name)?;
+        if let Some(why) = scan::outside_repository(&self.root, &self.root.join(name)) {
+            return Err(Error::invalid(why));
+        }
         let dirs = scan::scan(&self.root, &self.defaults).map_err(Error::invalid)?;
         dirs.into_iter()
             .find(|d| d.name() == name || d.folder == name)
