@@ -242,8 +242,16 @@ impl Repository {
             t.seen.clone()
         };
         let change = classify(&before, &now, serving);
+        let changed = before != now;
         t.seen = now;
         match change {
+            // The folder changed back to exactly what serves (a refused edit
+            // was undone): the note about the refused change no longer holds.
+            Change::None if changed => {
+                if let Some((handle, _)) = t.serving.clone() {
+                    self.publish(&name, &md.dir, ModelState::Ready, Some(handle), None);
+                }
+            }
             Change::None => {}
             Change::Invalid(reason) => self.failed(&md.folder, reason),
             Change::BatchingOnly(settings) => {
