@@ -11,7 +11,7 @@ Writes:
   model-repository/mlp/      784-1024-1024-10 Gemm+Relu MLP, random weights
   tests/fixtures/digits_expected.json, mlp_expected.json, multi_io_expected.json
                              inputs + outputs computed with Python onnxruntime
-  tests/fixtures/models/{dtypes,multi_io,fixed_batch,scalar_out,broken,varlen,slow}/
+  tests/fixtures/models/{dtypes,multi_io,fixed_batch,scalar_out,scalar_out_v2,broken,varlen,slow}/
                              small hand-built models for server edge cases
 
 Deterministic: fixed seeds, single-threaded BLAS / onnxruntime, explicit graph
@@ -354,6 +354,29 @@ def make_scalar_out() -> None:
     print(f"scalar_out: {rel(path)} ({path.stat().st_size} B) {describe(sess)}")
 
 
+def make_scalar_out_v2() -> None:
+    """scalar_out's signature, different values (row sums * 2): the hot-reload
+    tests replace scalar_out's model.onnx with it and tell the versions apart."""
+    g = helper.make_graph(
+        [
+            helper.make_node("ReduceSum", ["x", "axis1"], ["sum"], keepdims=0, name="row_sum"),
+            helper.make_node("Mul", ["sum", "two"], ["total"], name="double"),
+        ],
+        "scalar_out_v2",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("total", TensorProto.FLOAT, ["N"])],
+        initializer=[
+            numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+            numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        ],
+    )
+    path = save_model(TEST_MODELS / "scalar_out_v2", finish_model(g), {})
+    sess = session(path)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    assert np.array_equal(sess.run(["total"], {"x": x})[0], np.array([12, 44], np.float32))
+    print(f"scalar_out_v2: {rel(path)} ({path.stat().st_size} B) {describe(sess)}")
+
+
 def make_broken() -> None:
     folder = TEST_MODELS / "broken"
     write_bytes(folder / "model.onnx", b"not an onnx file\n")
@@ -459,6 +482,7 @@ def main() -> None:
     make_multi_io()
     make_fixed_batch()
     make_scalar_out()
+    make_scalar_out_v2()
     make_broken()
     make_varlen()
     make_slow()

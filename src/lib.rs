@@ -63,6 +63,10 @@ impl Server {
             cpu: config.cpu_concurrent_batches(),
             gpu: config.pool.gpu_concurrent_batches,
         });
+        // The recorder must be in place before the repository task starts
+        // loading: metrics emitted before it is installed are lost (the
+        // first model's `loaded` count went missing this way).
+        let metrics = metrics::install();
         let repo = &config.model_repository;
         let repository = Repository::new(repo.path.clone(), config.model_defaults(), runtime, pool);
         // Watcher → repository task: "something changed, rescan".
@@ -77,7 +81,7 @@ impl Server {
         .with_context(|| format!("cannot watch the model repository {}", repo.path.display()))?;
         let (handle, loaded) = repository.spawn(rescan_rx);
         let state = AppState {
-            metrics: metrics::install(),
+            metrics,
             registry: handle.registry().clone(),
             repository: handle,
             ready: Arc::new(AtomicBool::new(false)),

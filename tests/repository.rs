@@ -6,18 +6,6 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 
-/// Copies fixture model `from` into `repo/<to>` with the given settings.
-fn add_copy(repo: &std::path::Path, from: &str, to: &str, settings: &str) {
-    let fixture = root().join("tests/fixtures/models").join(from);
-    let src = if fixture.is_dir() {
-        fixture
-    } else {
-        root().join("model-repository").join(from)
-    };
-    copy_dir(&src, &repo.join(to));
-    write_settings(repo, to, settings);
-}
-
 fn reason(entry: &Value) -> &str {
     assert_eq!(entry["state"], "UNAVAILABLE", "{entry}");
     entry["reason"]
@@ -39,8 +27,8 @@ async fn assert_digits_correct(s: &TestServer, model: &str) {
 #[tokio::test]
 async fn failed_folders_are_unavailable_with_a_reason_and_good_ones_serve() {
     let repo = repo_with(&["digits", "multi_io", "broken"]);
-    add_copy(repo.path(), "digits", "typo", r#"{"max_batch_sise": 4}"#);
-    add_copy(
+    add_model(repo.path(), "digits", "typo", r#"{"max_batch_sise": 4}"#);
+    add_model(
         repo.path(),
         "mlp",
         "gpu_only",
@@ -105,27 +93,27 @@ async fn failed_folders_are_unavailable_with_a_reason_and_good_ones_serve() {
 async fn kserve_batcher_names_and_fixed_first_dim_models_load() {
     let repo = tempfile::tempdir().unwrap();
     let r = repo.path();
-    add_copy(
+    add_model(
         r,
         "digits",
         "kserve",
         r#"{"batcher": {"maxBatchSize": 4, "maxLatency": 5}, "timeout": 30}"#,
     );
-    add_copy(r, "digits", "kserve_bad", r#"{"batcher": {"maxBatchSize": -1}}"#);
-    add_copy(
+    add_model(r, "digits", "kserve_bad", r#"{"batcher": {"maxBatchSize": -1}}"#);
+    add_model(
         r,
         "digits",
         "kserve_clash",
         r#"{"max_batch_size": 8, "batcher": {"maxBatchSize": 4}}"#,
     );
-    add_copy(
+    add_model(
         r,
         "digits",
         "kserve_same",
         r#"{"max_batch_size": 4, "batcher": {"maxBatchSize": 4}}"#,
     );
     // dim 0 fixed by the ONNX file: served with batching off, not refused.
-    add_copy(r, "fixed_batch", "fixed8", r#"{"max_batch_size": 8}"#);
+    add_model(r, "fixed_batch", "fixed8", r#"{"max_batch_size": 8}"#);
     let s = TestServer::start(r).await;
     let index = s.index().await;
     for ready in ["kserve", "kserve_same", "fixed8"] {

@@ -242,8 +242,16 @@ impl Repository {
             t.seen.clone()
         };
         let change = classify(&before, &now, serving);
+        let changed = before != now;
         t.seen = now;
         match change {
+            // The folder changed back to exactly what serves (a refused edit
+            // was undone): the note about the refused change no longer holds.
+            Change::None if changed => {
+                if let Some((handle, _)) = t.serving.clone() {
+                    self.publish(&name, &md.dir, ModelState::Ready, Some(handle), None);
+                }
+            }
             Change::None => {}
             Change::Invalid(reason) => self.failed(&md.folder, reason),
             Change::BatchingOnly(settings) => {
@@ -395,6 +403,9 @@ impl Repository {
     /// folder of the repository (`..`, `/`, absolute paths, symlinks out).
     fn find_folder(&self, name: &str) -> Result<ModelDir, Error> {
         check_name(name)?;
+        if let Some(why) = scan::outside_repository(&self.root, &self.root.join(name)) {
+            return Err(Error::invalid(why));
+        }
         let dirs = scan::scan(&self.root, &self.defaults).map_err(Error::invalid)?;
         dirs.into_iter()
             .find(|d| d.name() == name || d.folder == name)

@@ -2,7 +2,9 @@
 //! Debounced ("drain until quiet"), so that an editor's save (write a temp
 //! file, rename it over) or a Kubernetes ConfigMap update (the `..data`
 //! symlink swap) is one rescan; the rescan then reloads only models whose
-//! folder really changed. The watcher never loads anything itself.
+//! folder really changed. The watcher never loads anything itself. Events
+//! come from `notify` (inotify), or in poll mode from a task that compares
+//! snapshots of the folder's metadata.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -16,7 +18,11 @@ use tokio::sync::mpsc;
 pub enum WatchMode {
     /// inotify (or the platform's equivalent).
     Events,
-    /// Poll file metadata every `poll_interval` (network filesystems where events do not arrive).
+    /// Poll file metadata every `poll_interval` (network filesystems where
+    /// events do not arrive). Compares each entry's size, modification time
+    /// (to the nanosecond), inode and symlink target: notify's `PollWatcher`
+    /// compares whole seconds only, and missed an edit made in the same
+    /// second as the one before it.
     Poll,
     /// No watching: changes apply only through the repository API.
     Off,
@@ -43,8 +49,9 @@ pub fn watch(
     debounce: Duration,
     rescan: mpsc::UnboundedSender<()>,
 ) -> notify::Result<Option<RepoWatcher>> {
-    // Raw events from notify's own thread to the debounce task below.
+    // Raw events from notify's own thread (or the poll task) to the debounce task below.
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let poll_tx = tx.clone();
     let handler = move |res: notify::Result<notify::Event>| match res {
         Ok(ev) if !matches!(ev.kind, notify::EventKind::Access(_)) => {
             let _ = tx.send(());
@@ -55,22 +62,27 @@ pub fn watch(
             let _ = tx.send(());
         }
     };
-    let mut watcher: Box<dyn Watcher + Send> = match mode {
+    let mut watcher: Option<Box<dyn Watcher + Send>> = match mode {
         WatchMode::Off => return Ok(None),
-        WatchMode::Events => Box::new(notify::recommended_watcher(handler)?),
-        WatchMode::Poll => Box::new(notify::PollWatcher::new(
-            handler,
-            notify::Config::default()
-                .with_poll_interval(poll_interval)
-                .with_compare_contents(false),
-        )?),
+        WatchMode::Events => Some(Box::new(notify::recommended_watcher(handler)?)),
+        WatchMode::Poll => None,
     };
-    // Watching the root recursively also follows folders created later and
-    // entries replaced by rename (inotify watches the directories, which stay).
-    watcher.watch(root, RecursiveMode::Recursive)?;
     let root: PathBuf = root.to_path_buf();
+    match &mut watcher {
+        // Watching the root recursively also follows folders created later and
+        // entries replaced by rename (inotify watches the directories, which stay).
+        Some(w) => w.watch(&root, RecursiveMode::Recursive)?,
+        None => {
+            std::fs::metadata(&root)?;
+            // The first snapshot is taken now, before the repository's
+            // start-up scan, so that no change after that scan is missed.
+            let first = snapshot(&root);
+            tokio::spawn(poll_task(root.clone(), poll_interval, first, poll_tx));
+        }
+    }
     let task = tokio::spawn(async move {
         // The task owns the watcher: it lives exactly as long as the task.
+        // (The poll task stops when this task ends: `rx` is dropped.)
         let mut watcher = watcher;
         while rx.recv().await.is_some() {
             // Drain until quiet for `debounce`.
@@ -84,9 +96,11 @@ pub fn watch(
             // Re-add the watch after each burst: an editor's rename or a
             // ConfigMap swap replaces inodes, and a replaced root would
             // otherwise silently stop being watched.
-            let _ = watcher.unwatch(&root);
-            if let Err(e) = watcher.watch(&root, RecursiveMode::Recursive) {
-                tracing::warn!(root = %root.display(), error = %e, "cannot re-watch the model repository");
+            if let Some(watcher) = &mut watcher {
+                let _ = watcher.unwatch(&root);
+                if let Err(e) = watcher.watch(&root, RecursiveMode::Recursive) {
+                    tracing::warn!(root = %root.display(), error = %e, "cannot re-watch the model repository");
+                }
             }
             tracing::debug!(root = %root.display(), "repository changed; rescanning");
             if rescan.send(()).is_err() {
@@ -96,4 +110,114 @@ pub fn watch(
     });
     tracing::info!(mode = ?mode, "watching the model repository");
     Ok(Some(RepoWatcher { task }))
+}
+
+/// What one entry of the repository looked like at a poll.
+#[derive(Debug, PartialEq, Eq)]
+struct EntryStamp {
+    path: PathBuf,
+    /// Size, modification time and inode of what the entry leads to
+    /// (following symlinks); `None` for a dangling link.
+    target: Option<(u64, Option<std::time::SystemTime>, u64)>,
+    /// Where a symlink points (a ConfigMap's `..data` swap changes only this).
+    link: Option<PathBuf>,
+}
+
+/// Every entry under `root`, sorted: real folders are walked (a symlinked
+/// folder is recorded, not entered, so a link loop cannot trap the walk).
+fn snapshot(root: &Path) -> Vec<EntryStamp> {
+    fn walk(dir: &Path, depth: usize, out: &mut Vec<EntryStamp>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(own) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            let target = std::fs::metadata(&path).ok().map(|m| {
+                #[cfg(unix)]
+                let inode = std::os::unix::fs::MetadataExt::ino(&m);
+                #[cfg(not(unix))]
+                let inode = 0;
+                (m.len(), m.modified().ok(), inode)
+            });
+            let link = own
+                .file_type()
+                .is_symlink()
+                .then(|| std::fs::read_link(&path).ok())
+                .flatten();
+            // repository/model/..data_folder/file is as deep as a model goes.
+            if own.file_type().is_dir() && depth < 8 {
+                walk(&path, depth + 1, out);
+            }
+            out.push(EntryStamp { path, target, link });
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, 0, &mut out);
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    out
+}
+
+/// Poll mode: snapshots the repository every `interval` (on a blocking
+/// thread: on a network filesystem a `stat` may block) and signals on
+/// `changed` when the snapshot differs from the last one (`last` at first).
+/// Ends when the receiver is dropped.
+async fn poll_task(
+    root: PathBuf,
+    interval: Duration,
+    mut last: Vec<EntryStamp>,
+    changed: mpsc::UnboundedSender<()>,
+) {
+    let take = |root: &PathBuf| {
+        let root = root.clone();
+        tokio::task::spawn_blocking(move || snapshot(&root))
+    };
+    loop {
+        tokio::time::sleep(interval).await;
+        if changed.is_closed() {
+            return;
+        }
+        let Ok(now) = take(&root).await else {
+            return;
+        };
+        if now != last {
+            last = now;
+            if changed.send(()).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshots_see_renames_and_symlink_swaps_within_one_second() {
+        let repo = tempfile::tempdir().unwrap();
+        let m = repo.path().join("m");
+        std::fs::create_dir_all(m.join("..v1")).unwrap();
+        std::fs::create_dir_all(m.join("..v2")).unwrap();
+        std::fs::write(m.join("..v1/model-settings.json"), "{}").unwrap();
+        std::fs::write(m.join("..v2/model-settings.json"), "[]").unwrap();
+        std::os::unix::fs::symlink("..v1", m.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/model-settings.json", m.join("model-settings.json")).unwrap();
+        let first = snapshot(repo.path());
+        assert_eq!(first, snapshot(repo.path()), "nothing changed");
+        assert!(first.iter().any(|e| e.path == m.join("..v1/model-settings.json")));
+
+        // A ConfigMap swap: only a symlink's target changes (same sizes).
+        std::os::unix::fs::symlink("..v2", m.join("..data_tmp")).unwrap();
+        std::fs::rename(m.join("..data_tmp"), m.join("..data")).unwrap();
+        let swapped = snapshot(repo.path());
+        assert_ne!(first, swapped);
+
+        // Write and rename over, same size, same second: a new inode.
+        std::fs::write(m.join("..v2/tmp"), "{}").unwrap();
+        std::fs::rename(m.join("..v2/tmp"), m.join("..v2/model-settings.json")).unwrap();
+        assert_ne!(swapped, snapshot(repo.path()));
+    }
 }

@@ -90,6 +90,10 @@ impl OnnxRuntime {
     /// Loads the library (once per process) and creates the environment.
     /// A second call reuses the first environment.
     pub fn init(library: &Path, defaults: SessionDefaults) -> Result<OnnxRuntime, RuntimeError> {
+        // Serializes the first creation: two callers racing past `get()` would
+        // both create an environment, and ONNX Runtime refuses the second.
+        static CREATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _creating = CREATING.lock().unwrap_or_else(|e| e.into_inner());
         let (env, lib) = match ENVIRONMENT.get() {
             Some(e) => e,
             None => {

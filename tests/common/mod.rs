@@ -5,6 +5,7 @@
 
 pub mod batching;
 pub mod prometheus;
+pub mod reload;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -60,6 +61,19 @@ pub fn repo_with(models: &[&str]) -> tempfile::TempDir {
 /// Writes `dir/<model>/model-settings.json`.
 pub fn write_settings(repo: &Path, model: &str, json: &str) {
     std::fs::write(repo.join(model).join("model-settings.json"), json).unwrap();
+}
+
+/// Copies fixture model `from` (tests/fixtures/models, then model-repository)
+/// into `repo/<to>` and writes its settings.
+pub fn add_model(repo: &Path, from: &str, to: &str, settings: &str) {
+    let fixture = root().join("tests/fixtures/models").join(from);
+    let src = if fixture.is_dir() {
+        fixture
+    } else {
+        root().join("model-repository").join(from)
+    };
+    copy_dir(&src, &repo.join(to));
+    write_settings(repo, to, settings);
 }
 
 /// A running server. Dropping it without `stop()` aborts it.
