@@ -7,29 +7,62 @@ use std::time::SystemTime;
 
 use crate::model::settings::ModelSettings;
 
-/// Identity of the ONNX file as last seen: an in-place write changes the
-/// length or mtime, a replace-by-rename changes the inode.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Identity of the ONNX file: its length and a digest of its content, plus
+/// the metadata it had when the digest was taken. Two stamps are equal when
+/// the content is, so a file rewritten with the same bytes (a Kubernetes
+/// ConfigMap update rewrites every file of the map) is no change, while an
+/// in-place write or a replace-by-rename with new bytes is.
+#[derive(Debug, Clone)]
 pub struct FileStamp {
     len: u64,
+    digest: u64,
     modified: Option<SystemTime>,
     inode: u64,
 }
 
+impl PartialEq for FileStamp {
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len && self.digest == other.digest
+    }
+}
+impl Eq for FileStamp {}
+
 impl FileStamp {
     /// Stamps `path` (following symlinks, as a ConfigMap's `..data` link
-    /// must be followed); `None` when it cannot be read.
-    pub fn of(path: &Path) -> Option<FileStamp> {
+    /// must be followed); `None` when it cannot be read. The content is only
+    /// read when the metadata differs from `previous` (the last stamp).
+    pub fn of(path: &Path, previous: Option<&FileStamp>) -> Option<FileStamp> {
         let m = std::fs::metadata(path).ok()?;
         #[cfg(unix)]
         let inode = std::os::unix::fs::MetadataExt::ino(&m);
         #[cfg(not(unix))]
         let inode = 0;
+        let (len, modified) = (m.len(), m.modified().ok());
+        if let Some(p) = previous.filter(|p| (p.len, p.modified, p.inode) == (len, modified, inode)) {
+            return Some(p.clone());
+        }
         Some(FileStamp {
-            len: m.len(),
-            modified: m.modified().ok(),
+            len,
+            digest: digest(path).ok()?,
+            modified,
             inode,
         })
+    }
+}
+
+/// A 64-bit digest of the file's bytes (change detection, not security).
+fn digest(path: &Path) -> std::io::Result<u64> {
+    use std::hash::Hasher;
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut h = std::hash::DefaultHasher::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            return Ok(h.finish());
+        }
+        h.write(&buf[..n]);
     }
 }
 
@@ -97,10 +130,25 @@ mod tests {
             settings: Ok(settings(json)),
             file: Some(FileStamp {
                 len,
+                digest: len * 31,
                 modified: None,
                 inode: 1,
             }),
         }
+    }
+
+    #[test]
+    fn a_file_rewritten_with_the_same_bytes_is_no_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.onnx");
+        std::fs::write(&path, b"weights v1").unwrap();
+        let first = FileStamp::of(&path, None).unwrap();
+        // Replace by rename with identical bytes: new inode, same content.
+        std::fs::write(dir.path().join("tmp"), b"weights v1").unwrap();
+        std::fs::rename(dir.path().join("tmp"), &path).unwrap();
+        assert_eq!(FileStamp::of(&path, Some(&first)).unwrap(), first);
+        std::fs::write(&path, b"weights v2").unwrap();
+        assert_ne!(FileStamp::of(&path, Some(&first)).unwrap(), first);
     }
 
     #[test]

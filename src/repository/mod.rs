@@ -206,7 +206,8 @@ impl Repository {
 
     /// Brings one folder up to date (`force`: also retry an unchanged folder).
     async fn apply(&mut self, md: ModelDir, force: bool) {
-        let now = stamp_of(&md);
+        let previous = self.tracked.get(&md.folder).and_then(|t| t.seen.file.clone());
+        let now = stamp_of(&md, previous.as_ref());
         let name = md.name().to_string();
         if let Some(owner) = self
             .tracked
@@ -298,7 +299,9 @@ impl Repository {
     /// Loads a new version beside the serving one and swaps it in.
     async fn reload(&mut self, md: &ModelDir, settings: crate::model::settings::ModelSettings) {
         let name = md.name().to_string();
-        let file = FileStamp::of(&md.dir.join(&settings.uri));
+        // Stamped at this scan (the metadata matches, so the file is not read again).
+        let seen = self.tracked.get(&md.folder).and_then(|t| t.seen.file.clone());
+        let file = FileStamp::of(&md.dir.join(&settings.uri), seen.as_ref());
         match load::build(&self.runtime, &self.pool, &name, &md.dir, settings).await {
             Ok(handle) => {
                 let handle = Arc::new(handle);
@@ -445,12 +448,13 @@ fn check_name(name: &str) -> Result<(), Error> {
     Ok(())
 }
 
-fn stamp_of(md: &ModelDir) -> Stamp {
+/// The folder as seen now; `previous`: the ONNX file's last stamp.
+fn stamp_of(md: &ModelDir, previous: Option<&FileStamp>) -> Stamp {
     let file = md
         .settings
         .as_ref()
         .ok()
-        .and_then(|s| FileStamp::of(&md.dir.join(&s.uri)));
+        .and_then(|s| FileStamp::of(&md.dir.join(&s.uri), previous));
     Stamp {
         settings: md.settings.clone(),
         file,
