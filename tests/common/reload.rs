@@ -39,32 +39,7 @@ where
 /// Sum of the samples of metric `name` whose labels include all of `labels`
 /// (0 when there is none), from Prometheus text.
 pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    let mut total = 0.0;
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        let (label_text, value) = match rest.strip_prefix('{') {
-            Some(r) => match r.split_once("} ") {
-                Some((l, v)) => (l, v),
-                None => continue,
-            },
-            None => match rest.strip_prefix(' ') {
-                Some(v) => ("", v),
-                None => continue, // a longer name with this prefix
-            },
-        };
-        let all = labels
-            .iter()
-            .all(|(k, v)| label_text.split(',').any(|kv| kv == format!("{k}=\"{v}\"")));
-        if all {
-            total += value
-                .trim()
-                .parse::<f64>()
-                .unwrap_or_else(|_| panic!("bad sample: {line}"));
-        }
-    }
-    total
+    super::prometheus::Metrics(super::prometheus::parse(text)).sum(name, labels)
 }
 
 impl TestServer {
