@@ -1,11 +1,19 @@
 //! Protocol-independent requests and responses, and what the wire protocols
 //! share: checking a request against a model's signature ([`validate`]) and
-//! converting JSON values to typed elements and back. `v1` and `v2` translate
-//! their wire shapes into [`InferRequest`] and out of [`InferResponse`]; the
-//! rest of the server sees only these types. Pure: serde and data, no I/O.
+//! converting JSON values to typed elements and back. `v1`, `v2` (with
+//! `v2_binary`, the binary tensor data extension) and `grpc` translate their
+//! wire shapes into [`InferRequest`] and out of [`InferResponse`]; `binary`
+//! is the raw tensor encoding the last two share; `model_config` and
+//! `statistics` are Triton's extensions of the same names. The rest of the
+//! server sees only these types. Pure: serde and data, no I/O.
 
+pub mod binary;
+pub mod grpc;
+pub mod model_config;
+pub mod statistics;
 pub mod v1;
 pub mod v2;
+pub mod v2_binary;
 
 use serde_json::Value;
 
