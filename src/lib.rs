@@ -177,10 +177,9 @@ impl Server {
             })
             .into_future();
         let serve = async {
-            tokio::try_join!(
-                async { http_serve.await.context("HTTP server failed") },
-                async { grpc_serve.await.context("gRPC server failed") },
-            )
+            tokio::try_join!(async { http_serve.await.context("HTTP server failed") }, async {
+                grpc_serve.await.context("gRPC server failed")
+            },)
             .map(|_| ())
         };
         let mut drain = stop_rx;

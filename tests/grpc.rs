@@ -167,14 +167,26 @@ async fn every_rpc_answers() {
         .map(|m| (m.name.as_str(), m.state.as_str()))
         .collect();
     assert_eq!(names, [("digits", "READY"), ("mlp", "READY")]);
-    let load = RepositoryModelLoadRequest {
+    // Unload, then load again, through the repository extension.
+    let unload = RepositoryModelUnloadRequest {
         model_name: "mlp".into(),
         ..Default::default()
     };
-    assert_eq!(
-        c.repository_model_load(load).await.unwrap_err().code(),
-        Code::Unimplemented
-    );
+    c.repository_model_unload(unload).await.unwrap();
+    assert!(!c.model_ready(ready("mlp")).await.unwrap().into_inner().ready);
+    let e = c
+        .model_infer(infer_request("mlp", "input", &[1, 784], &[0.0; 784]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{}", e.message());
+    let load = |name: &str| RepositoryModelLoadRequest {
+        model_name: name.into(),
+        ..Default::default()
+    };
+    c.repository_model_load(load("mlp")).await.unwrap();
+    assert!(c.model_ready(ready("mlp")).await.unwrap().into_inner().ready);
+    let e = c.repository_model_load(load("nope")).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{}", e.message());
     s.stop().await.unwrap();
 }
 

@@ -210,7 +210,12 @@ impl GrpcInferenceService for InferenceService {
         req: Request<RepositoryModelLoadRequest>,
     ) -> Answer<RepositoryModelLoadResponse> {
         let name = req.into_inner().model_name;
-        ok(self.state.repository.load(&name).await.map(|()| RepositoryModelLoadResponse {}))
+        ok(self
+            .state
+            .repository
+            .load(&name)
+            .await
+            .map(|()| RepositoryModelLoadResponse {}))
     }
 
     async fn repository_model_unload(
@@ -218,6 +223,11 @@ impl GrpcInferenceService for InferenceService {
         req: Request<RepositoryModelUnloadRequest>,
     ) -> Answer<RepositoryModelUnloadResponse> {
         let name = req.into_inner().model_name;
-        ok(self.state.repository.unload(&name).await.map(|()| RepositoryModelUnloadResponse {}))
+        ok(self
+            .state
+            .repository
+            .unload(&name)
+            .await
+            .map(|()| RepositoryModelUnloadResponse {}))
     }
 }
