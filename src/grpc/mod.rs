@@ -73,11 +73,5 @@ fn observe<T>(registry: &Registry, model: &str, arrival: Instant, result: &Resul
         Ok(_) => "ok",
         Err(e) => e.kind().as_str(),
     };
-    // Only names the registry knows become label values.
-    let label = if registry.get(model).is_some() {
-        model
-    } else {
-        crate::metrics::UNKNOWN_MODEL
-    };
-    crate::metrics::request(label, "grpc", status, arrival.elapsed());
+    crate::metrics::request(registry.metric_label(model), "grpc", status, arrival.elapsed());
 }

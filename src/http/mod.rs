@@ -102,13 +102,7 @@ pub(crate) fn observe<T>(
         Ok(_) => "ok",
         Err(e) => e.0.kind().as_str(),
     };
-    // Only names the registry knows become label values.
-    let label = if registry.get(model).is_some() {
-        model
-    } else {
-        crate::metrics::UNKNOWN_MODEL
-    };
-    crate::metrics::request(label, protocol, status, arrival.elapsed());
+    crate::metrics::request(registry.metric_label(model), protocol, status, arrival.elapsed());
     result
 }
 

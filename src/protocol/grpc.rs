@@ -31,14 +31,7 @@ pub fn non_empty(s: &str) -> Option<&str> {
 
 /// Refuses parameters of extensions sluice does not serve.
 fn refuse_unsupported(params: &HashMap<String, InferParameter>, what: &str) -> Result<(), Error> {
-    for key in ["shared_memory_region", "classification"] {
-        if params.contains_key(key) {
-            return Err(Error::Unsupported(format!(
-                "{what}: parameter `{key}` belongs to an extension sluice does not serve"
-            )));
-        }
-    }
-    Ok(())
+    super::refuse_unsupported(params.keys(), what)
 }
 
 impl TryFrom<ModelInferRequest> for InferRequest {

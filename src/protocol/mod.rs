@@ -151,6 +151,26 @@ pub fn validate(req: &mut InferRequest, model: &str, sig: &Signature) -> Result<
     Ok(())
 }
 
+/// Refuses a request that uses a parameter of an extension sluice does not
+/// serve (shared memory, classification); `keys` are the parameter names of
+/// the request, input or output that `what` names.
+pub(crate) fn refuse_unsupported<'a>(
+    keys: impl IntoIterator<Item = &'a String>,
+    what: &str,
+) -> Result<(), Error> {
+    for key in keys {
+        let extension = match key.as_str() {
+            "shared_memory_region" | "shared_memory_byte_size" | "shared_memory_offset" => "shared-memory",
+            "classification" => "classification",
+            _ => continue,
+        };
+        return Err(Error::Unsupported(format!(
+            "{what}: parameter `{key}` belongs to the {extension} extension, which sluice does not serve"
+        )));
+    }
+    Ok(())
+}
+
 /// A JSON value for an error message, cut short when long.
 fn show(v: &Value) -> String {
     let s = v.to_string();

@@ -68,19 +68,7 @@ fn bool_param(params: Option<&Map<String, Value>>, key: &str, what: &str) -> Res
 
 /// Refuses parameters of extensions sluice does not serve.
 fn refuse_unsupported(params: Option<&Map<String, Value>>, what: &str) -> Result<(), Error> {
-    for key in ["shared_memory_region", "classification"] {
-        if params.is_some_and(|p| p.contains_key(key)) {
-            let ext = if key == "classification" {
-                "classification"
-            } else {
-                "shared-memory"
-            };
-            return Err(Error::Unsupported(format!(
-                "{what}: parameter `{key}` belongs to the {ext} extension, which sluice does not serve"
-            )));
-        }
-    }
-    Ok(())
+    super::refuse_unsupported(params.into_iter().flat_map(|p| p.keys()), what)
 }
 
 /// Splits `body` at the JSON header length given by the [`HEADER_LENGTH`]
