@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 # (input suffix of the dtypes model, protocol datatype, numpy dtype)
 DTYPES = [
@@ -115,8 +115,6 @@ def grpc_infer(client, model, arrays, outputs=None, datatypes=None):
 
 
 def _datatype(arr):
-    from tritonclient.utils import np_to_triton_dtype
-
     return np_to_triton_dtype(arr.dtype)
 
 
@@ -172,7 +170,10 @@ def main():
             inp = httpclient.InferInput(f"in_{s}", [3, 2], dt)
             inp.set_data_from_numpy(arrays[f"in_{s}"], binary_data=input_binary(i))
             inputs.append(inp)
-        outputs = [httpclient.InferRequestedOutput(f"out_{s}", binary_data=output_binary(i)) for i, (s, _, _) in enumerate(DTYPES)]
+        outputs = [
+            httpclient.InferRequestedOutput(f"out_{s}", binary_data=output_binary(i))
+            for i, (s, _, _) in enumerate(DTYPES)
+        ]
         return http.infer("dtypes", inputs, outputs=outputs)
 
     @check("every datatype: HTTP binary in and out")
