@@ -3,14 +3,14 @@
 
 ORT_LIB := .ort/cpu/libonnxruntime.so.1.31.1
 
-.PHONY: serve test setup models bench
+.PHONY: serve test setup test-clients models bench
 
 ## serve: serve model-repository/ on :8080 (release build)
 serve: setup
 	cargo run --release -- serve
 
-## test: every test (unit + end-to-end against real ONNX Runtime)
-test: setup
+## test: every test (unit + end-to-end against real ONNX Runtime and the standard clients)
+test: setup test-clients
 	cargo test
 
 ## bench: end-to-end serving benchmark, prints Markdown tables (benches/README.md)
@@ -18,6 +18,10 @@ bench: setup
 	cargo bench --bench serving
 
 setup: $(ORT_LIB)
+
+## test-clients: tritonclient and perf_analyzer for tests/standard_clients.rs (.venv-clients; idempotent)
+test-clients:
+	scripts/setup-test-clients.sh
 
 $(ORT_LIB): scripts/fetch-onnxruntime.sh
 	scripts/fetch-onnxruntime.sh

@@ -400,7 +400,7 @@ impl ServerProcess {
             .arg(&config)
             .arg("--model-repository")
             .arg(repo)
-            .args(["--host", "127.0.0.1", "--http-port", "0"])
+            .args(["--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0"])
             .arg("--onnxruntime-library")
             .arg(lib)
             .current_dir(workdir)

@@ -11,7 +11,7 @@ Writes:
   model-repository/mlp/      784-1024-1024-10 Gemm+Relu MLP, random weights
   tests/fixtures/digits_expected.json, mlp_expected.json, multi_io_expected.json
                              inputs + outputs computed with Python onnxruntime
-  tests/fixtures/models/{dtypes,multi_io,fixed_batch,scalar_out,scalar_out_v2,broken,varlen,slow}/
+  tests/fixtures/models/{dtypes,bf16,multi_io,fixed_batch,scalar_out,scalar_out_v2,broken,varlen,slow}/
                              small hand-built models for server edge cases
 
 Deterministic: fixed seeds, single-threaded BLAS / onnxruntime, explicit graph
@@ -276,6 +276,29 @@ def make_dtypes() -> None:
     print(f"dtypes: {rel(path)} ({path.stat().st_size} B): Identity round-trip OK for {', '.join(ok)}")
 
 
+def make_bf16() -> None:
+    """BF16 in and out: `y` = Identity(x) and `f` = Cast(x, FLOAT), so a client
+    can check the BF16 round trip against the exact float32 values. ONNX
+    Runtime's CPU provider runs these two ops on bfloat16 (not Add or Mul).
+    numpy has no bfloat16, so onnxruntime's Python binding cannot feed it:
+    only the session is built here; the Rust end-to-end tests run it."""
+    g = helper.make_graph(
+        [
+            helper.make_node("Identity", ["x"], ["y"], name="id_bf16"),
+            helper.make_node("Cast", ["x"], ["f"], to=TensorProto.FLOAT, name="bf16_to_fp32"),
+        ],
+        "bf16",
+        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, ["N", 2])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.BFLOAT16, ["N", 2]),
+            helper.make_tensor_value_info("f", TensorProto.FLOAT, ["N", 2]),
+        ],
+    )
+    path = save_model(TEST_MODELS / "bf16", finish_model(g), {})
+    sess = session(path)
+    print(f"bf16: {rel(path)} ({path.stat().st_size} B) {describe(sess)}")
+
+
 def make_multi_io() -> None:
     g = helper.make_graph(
         [
@@ -479,6 +502,7 @@ def main() -> None:
     make_digits()
     make_mlp()
     make_dtypes()
+    make_bf16()
     make_multi_io()
     make_fixed_batch()
     make_scalar_out()

@@ -61,6 +61,8 @@ pub struct HttpConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct GrpcConfig {
     pub port: u16,
+    /// Largest gRPC message accepted or sent, in bytes.
+    pub max_message_bytes: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -128,7 +130,10 @@ impl Default for HttpConfig {
 
 impl Default for GrpcConfig {
     fn default() -> Self {
-        GrpcConfig { port: 8081 }
+        GrpcConfig {
+            port: 8081,
+            max_message_bytes: 64 << 20,
+        }
     }
 }
 
@@ -291,6 +296,12 @@ impl Config {
             errs.push(format!(
                 "http.max_body_bytes must be at least 1024, got {}",
                 self.http.max_body_bytes
+            ));
+        }
+        if self.grpc.max_message_bytes < 1024 {
+            errs.push(format!(
+                "grpc.max_message_bytes must be at least 1024, got {}",
+                self.grpc.max_message_bytes
             ));
         }
         let g = self.shutdown.grace_period_seconds;

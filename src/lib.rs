@@ -1,12 +1,12 @@
 //! sluice: a multi-model ONNX inference server.
 //!
 //! Layers, top to bottom (each uses only those below it):
-//! `main` → [`Server`] (wiring) → [`http`] (translate only) → [`repository`]
+//! `main` → [`Server`] (wiring) → [`http`], [`grpc`] (translate only) → [`repository`]
 //! (scan, load, the registry) → [`model`] (a model's handle, settings,
 //! state) → [`batcher`] → [`pool`] (sessions on dedicated threads) →
 //! [`runtime`] (ONNX Runtime) → [`protocol`], [`tensor`], [`config`], [`error`].
 //!
-//! Data flow of one request: an HTTP handler decodes the body into a
+//! Data flow of one request: an HTTP handler (or a gRPC method) decodes it into a
 //! [`protocol::InferRequest`], takes the model's `Arc<ModelHandle>` from the
 //! registry, and awaits `ModelHandle::infer`, which validates the request
 //! against the ONNX signature and hands it to the model's batcher; the
@@ -16,6 +16,7 @@
 pub mod batcher;
 pub mod config;
 pub mod error;
+pub mod grpc;
 pub mod http;
 pub mod metrics;
 pub mod model;
@@ -43,6 +44,7 @@ use runtime::Runtime;
 pub struct Server {
     config: Config,
     listener: TcpListener,
+    grpc_listener: TcpListener,
     state: AppState,
     /// Completes when the start-up load of the repository has finished.
     loaded: tokio::sync::oneshot::Receiver<Result<(), String>>,
@@ -52,13 +54,17 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds the HTTP port (port 0 picks a free one) and starts loading the
-    /// model repository; the port answers liveness while models load.
+    /// Binds the HTTP and gRPC ports (port 0 picks a free one) and starts
+    /// loading the model repository; the ports answer liveness while models load.
     pub async fn bind(config: Config, runtime: Arc<dyn Runtime>) -> anyhow::Result<Server> {
         let addr = SocketAddr::new(config.http.host, config.http.port);
         let listener = TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
+        let grpc_addr = SocketAddr::new(config.http.host, config.grpc.port);
+        let grpc_listener = TcpListener::bind(grpc_addr)
+            .await
+            .with_context(|| format!("cannot listen on {grpc_addr} (gRPC)"))?;
         let pool = pool::Pool::new(pool::PoolLimits {
             cpu: config.cpu_concurrent_batches(),
             gpu: config.pool.gpu_concurrent_batches,
@@ -90,6 +96,7 @@ impl Server {
         Ok(Server {
             config,
             listener,
+            grpc_listener,
             state,
             loaded,
             watcher,
@@ -103,6 +110,13 @@ impl Server {
             .expect("a bound listener has an address")
     }
 
+    /// The address the gRPC port is bound to.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc_listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
     /// Serves until `shutdown` completes; then readiness turns false, no new
     /// connection is accepted, and accepted requests get
     /// `shutdown.grace_period_seconds` to finish.
@@ -110,19 +124,21 @@ impl Server {
         let Server {
             config,
             listener,
+            grpc_listener,
             state,
             loaded,
             watcher,
         } = self;
-        tracing::info!(http = %listener.local_addr()?, repository = %config.model_repository.path.display(), "sluice listening");
         tracing::info!(
-            grpc_port = config.grpc.port,
-            "gRPC is not served yet; the port is reserved"
+            http = %listener.local_addr()?,
+            grpc = %grpc_listener.local_addr()?,
+            repository = %config.model_repository.path.display(),
+            "sluice listening"
         );
 
         // `true` once shutdown has begun. The sender lives in the task that
-        // awaits `shutdown`; the readiness task, the HTTP server and the
-        // drain timer below each hold a receiver.
+        // awaits `shutdown`; the readiness task, the HTTP and gRPC servers
+        // and the drain timer below each hold a receiver.
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let ready = state.ready.clone();
         tokio::spawn({
@@ -148,18 +164,34 @@ impl Server {
             }
         });
 
+        let grpc_state = grpc::GrpcState {
+            registry: state.registry.clone(),
+            repository: state.repository.clone(),
+            ready: state.ready.clone(),
+            max_message_bytes: config.grpc.max_message_bytes,
+        };
         let mut graceful = stop_rx.clone();
-        let serve = axum::serve(listener, http::router(state))
+        let grpc_serve = grpc::serve(grpc_listener, grpc_state, async move {
+            let _ = graceful.wait_for(|stopping| *stopping).await;
+        });
+        let mut graceful = stop_rx.clone();
+        let http_serve = axum::serve(listener, http::router(state))
             .with_graceful_shutdown(async move {
                 let _ = graceful.wait_for(|stopping| *stopping).await;
             })
             .into_future();
+        let serve = async {
+            tokio::try_join!(async { http_serve.await.context("HTTP server failed") }, async {
+                grpc_serve.await.context("gRPC server failed")
+            },)
+            .map(|_| ())
+        };
         let mut drain = stop_rx;
         let grace = config.grace_period();
         let result = tokio::select! {
-            // The server stops by itself once shutdown began and every
+            // The servers stop by themselves once shutdown began and every
             // accepted request was answered.
-            r = serve => r.context("HTTP server failed"),
+            r = serve => r,
             _ = async {
                 let _ = drain.wait_for(|stopping| *stopping).await;
                 tokio::time::sleep(grace).await;

@@ -28,7 +28,7 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Serve the model repository over HTTP.
+    /// Serve the model repository over HTTP and gRPC.
     Serve {
         /// Configuration file [default: config/sluice.toml if present].
         #[arg(long, value_name = "FILE")]
@@ -42,7 +42,7 @@ enum Command {
         /// HTTP port; 0 picks a free one and logs it [config: http.port; default 8080].
         #[arg(long, value_name = "N")]
         http_port: Option<u16>,
-        /// gRPC port (reserved; gRPC is not served yet) [config: grpc.port; default 8081].
+        /// gRPC port; 0 picks a free one and logs it [config: grpc.port; default 8081].
         #[arg(long, value_name = "N")]
         grpc_port: Option<u16>,
         /// Path to libonnxruntime.so.1.31.x [config: runtime.onnxruntime_library;

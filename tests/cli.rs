@@ -234,6 +234,8 @@ async fn serve_on_port_0_logs_the_port_serves_and_exits_0_on_sigterm() {
             "127.0.0.1",
             "--http-port",
             "0",
+            "--grpc-port",
+            "0",
             "--model-repository",
         ])
         .arg(repo.path())

@@ -24,6 +24,7 @@ pub use queue::{Entry, State};
 use crate::error::{Error, Result};
 use crate::metrics;
 use crate::model::settings::BatchSettings;
+use crate::model::stats::ModelStats;
 use crate::pool::ModelWorkers;
 use crate::tensor::Tensor;
 
@@ -56,6 +57,8 @@ struct Inner {
     queued: Arc<AtomicUsize>,
     /// Output names in signature order.
     outputs: Vec<String>,
+    /// Cumulative statistics, shared with the batching task and its batch tasks.
+    stats: Arc<ModelStats>,
 }
 
 impl Batcher {
@@ -69,11 +72,13 @@ impl Batcher {
         let (entries, rx) = mpsc::unbounded_channel();
         let (settings_tx, settings_rx) = watch::channel(settings);
         let queued = Arc::new(AtomicUsize::new(0));
+        let stats = Arc::new(ModelStats::new());
         let shared = Arc::new(task::Shared {
             model: model.into(),
             workers,
             outputs: outputs.clone(),
             queued: queued.clone(),
+            stats: stats.clone(),
         });
         tokio::spawn(task::batching_task(shared, rx, settings_rx));
         metrics::queue_size(model, 0);
@@ -84,8 +89,14 @@ impl Batcher {
                 settings: settings_tx,
                 queued,
                 outputs,
+                stats,
             }),
         }
+    }
+
+    /// The model's cumulative statistics (Triton's statistics extension).
+    pub fn stats(&self) -> &ModelStats {
+        &self.inner.stats
     }
 
     /// The current batch settings.

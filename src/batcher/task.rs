@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
@@ -17,6 +17,7 @@ use super::{Batcher, Msg};
 use crate::error::Error;
 use crate::metrics;
 use crate::model::settings::BatchSettings;
+use crate::model::stats::{BatchTimes, ModelStats};
 use crate::pool::{ModelWorkers, RunError};
 use crate::runtime::RuntimeError;
 use crate::tensor::Tensor;
@@ -34,6 +35,8 @@ pub(super) struct Shared {
     /// Requests waiting (admitted, not yet dispatched). Incremented by
     /// `Batcher::submit`, decremented here when a request leaves the queue.
     pub queued: Arc<AtomicUsize>,
+    /// Cumulative statistics, also read through the `Batcher` handle.
+    pub stats: Arc<ModelStats>,
 }
 
 /// The loop. `entries`: requests from every `Batcher` handle (closed when
@@ -169,7 +172,9 @@ fn dispatch(shared: &Arc<Shared>, batch: Vec<Entry>, trigger: Trigger, done: mps
     let rows: usize = batch.iter().map(|e| e.rows).sum();
     metrics::batch_dispatched(&shared.model, rows, trigger.as_str());
     for e in &batch {
-        metrics::queue_delay(&shared.model, now.saturating_duration_since(e.arrival));
+        let waited = now.saturating_duration_since(e.arrival);
+        metrics::queue_delay(&shared.model, waited);
+        shared.stats.dispatched(waited);
         leave_queue(shared, e);
     }
     let shared = shared.clone();
@@ -186,18 +191,31 @@ async fn run_batch(shared: &Shared, mut batch: Vec<Entry>) {
     let batch_id = format!("{:016x}", NEXT_BATCH.fetch_add(1, Ordering::Relaxed));
     let result = run(shared, &mut batch).await;
     match result {
-        Ok(outputs) if batch.len() == 1 => {
+        Ok(Ran { outputs, times }) if batch.len() == 1 => {
             let e = batch.pop().expect("one entry");
+            shared.stats.executed(1, e.rows, times);
             let _ = e.reply.send(Ok((outputs, batch_id)));
         }
-        Ok(outputs) => {
+        Ok(Ran { outputs, mut times }) => {
+            let split = Instant::now();
+            let rows: usize = batch.iter().map(|e| e.rows).sum();
             let mut offset = 0;
-            for e in batch {
-                let mine = outputs
-                    .iter()
-                    .map(|t| t.slice_rows(offset..offset + e.rows))
-                    .collect();
-                offset += e.rows;
+            let answers: Vec<(Entry, Vec<Tensor>)> = batch
+                .into_iter()
+                .map(|e| {
+                    let mine = outputs
+                        .iter()
+                        .map(|t| t.slice_rows(offset..offset + e.rows))
+                        .collect();
+                    offset += e.rows;
+                    (e, mine)
+                })
+                .collect();
+            // Counted before anyone is answered, so a client that reads the
+            // statistics after its answer sees its batch.
+            times.output = split.elapsed();
+            shared.stats.executed(answers.len(), rows, times);
+            for (e, mine) in answers {
                 let _ = e.reply.send(Ok((mine, batch_id.clone())));
             }
         }
@@ -205,7 +223,10 @@ async fn run_batch(shared: &Shared, mut batch: Vec<Entry>) {
             tracing::warn!(model = %shared.model, requests = batch.len(), error = %err, "batch failed; retrying its requests one by one");
             for mut e in batch {
                 let id = format!("{:016x}", NEXT_BATCH.fetch_add(1, Ordering::Relaxed));
-                let r = run(shared, std::slice::from_mut(&mut e)).await.map(|o| (o, id));
+                let r = run(shared, std::slice::from_mut(&mut e)).await.map(|ran| {
+                    shared.stats.executed(1, e.rows, ran.times);
+                    (ran.outputs, id)
+                });
                 let _ = e.reply.send(r);
             }
         }
@@ -217,11 +238,19 @@ async fn run_batch(shared: &Shared, mut batch: Vec<Entry>) {
     }
 }
 
+/// A batch that ran: every output of the model for all its rows, and how
+/// long preparing and running it took (`output` is filled by the caller).
+struct Ran {
+    outputs: Vec<Tensor>,
+    times: BatchTimes,
+}
+
 /// Concatenates the entries' inputs (a lone entry's inputs are moved, not
 /// copied: it is never retried), runs them, and checks that every output
 /// has one row per input row.
-async fn run(shared: &Shared, batch: &mut [Entry]) -> Result<Vec<Tensor>, Error> {
+async fn run(shared: &Shared, batch: &mut [Entry]) -> Result<Ran, Error> {
     let rows: usize = batch.iter().map(|e| e.rows).sum();
+    let concat = Instant::now();
     let inputs: Vec<Tensor> = if batch.len() == 1 {
         std::mem::take(&mut batch[0].inputs)
     } else {
@@ -240,11 +269,13 @@ async fn run(shared: &Shared, batch: &mut [Entry]) -> Result<Vec<Tensor>, Error>
         .max()
         .expect("a batch is never empty. This is a bug.");
     let started = Instant::now();
+    let input = started.duration_since(concat);
     let result = shared.workers.run(inputs, shared.outputs.clone(), deadline).await;
     let model = shared.model.to_string();
     match result {
         Ok(outputs) => {
-            metrics::inference(&shared.model, started.elapsed());
+            let infer = started.elapsed();
+            metrics::inference(&shared.model, infer);
             if let Some(bad) = outputs.iter().find(|t| t.rows() != rows || t.shape.is_empty()) {
                 return Err(Error::Runtime {
                     model,
@@ -255,7 +286,12 @@ async fn run(shared: &Shared, batch: &mut [Entry]) -> Result<Vec<Tensor>, Error>
                     .into(),
                 });
             }
-            Ok(outputs)
+            let times = BatchTimes {
+                input,
+                infer,
+                output: Duration::ZERO,
+            };
+            Ok(Ran { outputs, times })
         }
         Err(RunError::Expired) => {
             let timeout = deadline.saturating_duration_since(oldest);

@@ -60,6 +60,14 @@ pub fn router(state: AppState) -> Router {
         .route("/v2/models/{name}/versions/{version}/ready", get(v2::model_ready))
         .route("/v2/models/{name}/infer", post(v2::infer))
         .route("/v2/models/{name}/versions/{version}/infer", post(v2::infer))
+        .route("/v2/models/{name}/config", get(v2::model_config))
+        .route(
+            "/v2/models/{name}/versions/{version}/config",
+            get(v2::model_config),
+        )
+        .route("/v2/models/stats", get(v2::all_stats))
+        .route("/v2/models/{name}/stats", get(v2::model_stats))
+        .route("/v2/models/{name}/versions/{version}/stats", get(v2::model_stats))
         .route("/v2/repository/index", post(v2::repository_index))
         .route("/v2/repository/models/{name}/load", post(v2::repository_load))
         .route("/v2/repository/models/{name}/unload", post(v2::repository_unload))
@@ -94,13 +102,7 @@ pub(crate) fn observe<T>(
         Ok(_) => "ok",
         Err(e) => e.0.kind().as_str(),
     };
-    // Only names the registry knows become label values.
-    let label = if registry.get(model).is_some() {
-        model
-    } else {
-        crate::metrics::UNKNOWN_MODEL
-    };
-    crate::metrics::request(label, protocol, status, arrival.elapsed());
+    crate::metrics::request(registry.metric_label(model), protocol, status, arrival.elapsed());
     result
 }
 

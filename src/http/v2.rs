@@ -5,13 +5,16 @@ use std::time::Instant;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 
-use super::{body_bytes, observe, parse_json, ApiError, AppState};
-use crate::protocol::v2::{InferenceRequest, InferenceResponse, ModelMetadata, ServerMetadata};
-use crate::protocol::InferRequest;
+use super::{body_bytes, observe, ApiError, AppState};
+use crate::protocol::model_config::ModelConfig;
+use crate::protocol::statistics::StatisticsResponse;
+use crate::protocol::v2::{ModelMetadata, ServerMetadata};
+use crate::protocol::v2_binary::{self, EncodedResponse, HEADER_LENGTH};
 
 /// `/v2/models/{name}[/versions/{version}]...`
 #[derive(Debug, Deserialize)]
@@ -23,11 +26,7 @@ pub struct ModelPath {
 
 /// `GET /v2`
 pub async fn server_metadata() -> Json<ServerMetadata> {
-    Json(ServerMetadata {
-        name: "sluice".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        extensions: vec!["model_repository".into()],
-    })
+    Json(ServerMetadata::sluice())
 }
 
 /// `GET /v2/models/{name}[/versions/{version}]`: name, versions, platform, signature.
@@ -55,23 +54,85 @@ pub async fn model_ready(
     }
 }
 
-/// `POST /v2/models/{name}[/versions/{version}]/infer`
+/// `POST /v2/models/{name}[/versions/{version}]/infer`: a JSON body, or a
+/// JSON header of `Inference-Header-Content-Length` bytes followed by binary
+/// tensor data; the answer is JSON, or JSON and binary outputs as asked.
 pub async fn infer(
     State(state): State<AppState>,
     Path(p): Path<ModelPath>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<InferenceResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     let arrival = Instant::now();
     let result = async {
         let bytes = body_bytes(body, state.max_body_bytes)?;
         let model = state.registry.ready(&p.name, p.version.as_deref())?;
-        let wire: InferenceRequest = parse_json(&bytes)?;
-        let req = InferRequest::try_from(wire)?;
-        let resp = model.infer(req, arrival).await?;
-        Ok(Json(InferenceResponse::from(&resp)))
+        let header_length = headers.get(HEADER_LENGTH).map(HeaderValue::as_bytes);
+        let decoded = v2_binary::decode_request(&bytes, header_length)?;
+        let resp = model.infer(decoded.request, arrival).await?;
+        Ok(infer_response(v2_binary::encode_response(
+            &resp,
+            &decoded.outputs,
+        )))
     }
     .await;
     observe(&state.registry, &p.name, "v2", arrival, result)
+}
+
+/// The HTTP response for an encoded infer answer: JSON, or JSON followed by
+/// binary data with its header length.
+fn infer_response(enc: EncodedResponse) -> Response {
+    let Some(n) = enc.header_length else {
+        return ([(header::CONTENT_TYPE, "application/json")], enc.body).into_response();
+    };
+    (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            ),
+            (
+                header::HeaderName::from_static("inference-header-content-length"),
+                HeaderValue::from(n),
+            ),
+        ],
+        enc.body,
+    )
+        .into_response()
+}
+
+/// `GET /v2/models/{name}[/versions/{version}]/config`: the model's
+/// configuration in Triton's shape (model-configuration extension).
+pub async fn model_config(
+    State(state): State<AppState>,
+    Path(p): Path<ModelPath>,
+) -> Result<Json<ModelConfig>, ApiError> {
+    let model = state.registry.ready(&p.name, p.version.as_deref())?;
+    Ok(Json(model.config()))
+}
+
+/// `GET /v2/models/{name}[/versions/{version}]/stats`: the model's
+/// cumulative statistics (statistics extension).
+pub async fn model_stats(
+    State(state): State<AppState>,
+    Path(p): Path<ModelPath>,
+) -> Result<Json<StatisticsResponse>, ApiError> {
+    let model = state.registry.ready(&p.name, p.version.as_deref())?;
+    Ok(Json(StatisticsResponse {
+        model_stats: vec![model.statistics()],
+    }))
+}
+
+/// `GET /v2/models/stats`: the statistics of every model that serves.
+pub async fn all_stats(State(state): State<AppState>) -> Json<StatisticsResponse> {
+    let model_stats = state
+        .registry
+        .list()
+        .into_iter()
+        .filter_map(|e| e.handle)
+        .map(|m| m.statistics())
+        .collect();
+    Json(StatisticsResponse { model_stats })
 }
 
 /// One model in the repository index.

@@ -1,8 +1,10 @@
 //! A loaded model: its settings, its ONNX signature, and the path a request
 //! takes through it (validate → batcher → pool → split outputs).
 
+pub mod config;
 pub mod settings;
 pub mod state;
+pub mod stats;
 pub mod warmup;
 
 use std::time::Instant;
@@ -64,8 +66,18 @@ impl ModelHandle {
     }
 
     /// Validates `req` against the signature and runs it. The deadline
-    /// (`timeout`) counts from `arrival`, queueing included.
-    pub async fn infer(&self, mut req: InferRequest, arrival: Instant) -> Result<InferResponse> {
+    /// (`timeout`) counts from `arrival`, queueing included. Every protocol
+    /// comes here, so requests from all of them share batches; the outcome
+    /// is counted in the model's statistics.
+    pub async fn infer(&self, req: InferRequest, arrival: Instant) -> Result<InferResponse> {
+        let result = self.run(req, arrival).await;
+        self.batcher
+            .stats()
+            .request_done(result.is_ok(), arrival.elapsed());
+        result
+    }
+
+    async fn run(&self, mut req: InferRequest, arrival: Instant) -> Result<InferResponse> {
         protocol::validate(&mut req, &self.name, &self.signature)?;
         if req.rows() == 0 {
             return Err(Error::invalid(format!(

@@ -1,11 +1,19 @@
 //! Protocol-independent requests and responses, and what the wire protocols
 //! share: checking a request against a model's signature ([`validate`]) and
-//! converting JSON values to typed elements and back. `v1` and `v2` translate
-//! their wire shapes into [`InferRequest`] and out of [`InferResponse`]; the
-//! rest of the server sees only these types. Pure: serde and data, no I/O.
+//! converting JSON values to typed elements and back. `v1`, `v2` (with
+//! `v2_binary`, the binary tensor data extension) and `grpc` translate their
+//! wire shapes into [`InferRequest`] and out of [`InferResponse`]; `binary`
+//! is the raw tensor encoding the last two share; `model_config` and
+//! `statistics` are Triton's extensions of the same names. The rest of the
+//! server sees only these types. Pure: serde and data, no I/O.
 
+pub mod binary;
+pub mod grpc;
+pub mod model_config;
+pub mod statistics;
 pub mod v1;
 pub mod v2;
+pub mod v2_binary;
 
 use serde_json::Value;
 
@@ -139,6 +147,26 @@ pub fn validate(req: &mut InferRequest, model: &str, sig: &Signature) -> Result<
                 )));
             }
         }
+    }
+    Ok(())
+}
+
+/// Refuses a request that uses a parameter of an extension sluice does not
+/// serve (shared memory, classification); `keys` are the parameter names of
+/// the request, input or output that `what` names.
+pub(crate) fn refuse_unsupported<'a>(
+    keys: impl IntoIterator<Item = &'a String>,
+    what: &str,
+) -> Result<(), Error> {
+    for key in keys {
+        let extension = match key.as_str() {
+            "shared_memory_region" | "shared_memory_byte_size" | "shared_memory_offset" => "shared-memory",
+            "classification" => "classification",
+            _ => continue,
+        };
+        return Err(Error::Unsupported(format!(
+            "{what}: parameter `{key}` belongs to the {extension} extension, which sluice does not serve"
+        )));
     }
     Ok(())
 }

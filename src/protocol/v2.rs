@@ -1,7 +1,8 @@
 //! The Open Inference Protocol (KServe V2) REST wire types and their
 //! conversions to and from [`InferRequest`] / [`InferResponse`]. JSON tensor
-//! data only: the binary tensor data extension is the HTTP layer's, and an
-//! input that uses it is refused here as unsupported.
+//! data only: the binary tensor data extension (`super::v2_binary`) frames a
+//! body with these types and calls [`decode_input`] for the inputs it carries
+//! as JSON; on its own, the conversion here refuses binary inputs.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -16,7 +17,7 @@ pub struct InferenceRequest {
     /// Client's id, echoed in the response.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    /// Request parameters (e.g. `binary_data_output`); not interpreted yet.
+    /// Request parameters (e.g. `binary_data_output`, read by `super::v2_binary`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parameters: Option<Map<String, Value>>,
     /// The input tensors.
@@ -86,6 +87,25 @@ pub struct ServerMetadata {
     pub version: String,
     /// Protocol extensions the server supports (`"binary_tensor_data"`, ...).
     pub extensions: Vec<String>,
+}
+
+/// The protocol extensions sluice serves, as Triton names them.
+pub const EXTENSIONS: [&str; 4] = [
+    "binary_tensor_data",
+    "model_repository",
+    "model_configuration",
+    "statistics",
+];
+
+impl ServerMetadata {
+    /// sluice's own metadata: its name, its version and [`EXTENSIONS`].
+    pub fn sluice() -> Self {
+        ServerMetadata {
+            name: "sluice".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            extensions: EXTENSIONS.iter().map(|e| e.to_string()).collect(),
+        }
+    }
 }
 
 /// Body of `GET /v2/models/{name}[/versions/{v}]`.
@@ -158,7 +178,36 @@ fn flatten<'a>(what: &str, v: &'a Value, out: &mut Vec<&'a Value>) -> Result<(),
     }
 }
 
-fn decode_input(input: RequestInput) -> Result<Tensor, Error> {
+/// Parses a protocol datatype name; `what` names the tensor in the error,
+/// which lists the names allowed.
+pub(crate) fn parse_datatype(what: &str, datatype: &str) -> Result<DataType, Error> {
+    DataType::parse(datatype).ok_or_else(|| {
+        let allowed: Vec<&str> = DataType::ALL.iter().map(|d| d.as_str()).collect();
+        Error::invalid(format!(
+            "{what}: unknown datatype \"{datatype}\"; expected one of {}",
+            allowed.join(", ")
+        ))
+    })
+}
+
+/// Checks a wire shape (every dimension non-negative, the product in range)
+/// and returns it with its element count.
+pub(crate) fn parse_shape(what: &str, wire: &[i64]) -> Result<(Vec<usize>, usize), Error> {
+    let mut shape = Vec::with_capacity(wire.len());
+    let mut count: usize = 1;
+    for &d in wire {
+        let d = usize::try_from(d)
+            .map_err(|_| Error::invalid(format!("{what}: shape {wire:?} has a negative dimension")))?;
+        count = count
+            .checked_mul(d)
+            .ok_or_else(|| Error::invalid(format!("{what}: shape {wire:?} is too large")))?;
+        shape.push(d);
+    }
+    Ok((shape, count))
+}
+
+/// Decodes an input whose elements are in its JSON `data`.
+pub(crate) fn decode_input(input: RequestInput) -> Result<Tensor, Error> {
     let what = format!("input `{}`", input.name);
     if input
         .parameters
@@ -169,28 +218,8 @@ fn decode_input(input: RequestInput) -> Result<Tensor, Error> {
             "{what}: binary tensor data (`binary_data_size`) is not supported on this endpoint; send `data` as JSON"
         )));
     }
-    let dtype = DataType::parse(&input.datatype).ok_or_else(|| {
-        let allowed: Vec<&str> = DataType::ALL.iter().map(|d| d.as_str()).collect();
-        Error::invalid(format!(
-            "{what}: unknown datatype \"{}\"; expected one of {}",
-            input.datatype,
-            allowed.join(", ")
-        ))
-    })?;
-    let mut shape = Vec::with_capacity(input.shape.len());
-    let mut count: usize = 1;
-    for &d in &input.shape {
-        let d = usize::try_from(d).map_err(|_| {
-            Error::invalid(format!(
-                "{what}: shape {:?} has a negative dimension",
-                input.shape
-            ))
-        })?;
-        count = count
-            .checked_mul(d)
-            .ok_or_else(|| Error::invalid(format!("{what}: shape {:?} is too large", input.shape)))?;
-        shape.push(d);
-    }
+    let dtype = parse_datatype(&what, &input.datatype)?;
+    let (shape, count) = parse_shape(&what, &input.shape)?;
     let leaves = match &input.data {
         Value::Array(_) => {
             let mut leaves = Vec::with_capacity(count.min(1 << 20));
@@ -225,14 +254,13 @@ impl TryFrom<InferenceRequest> for InferRequest {
 
     /// Decodes the wire request; [`super::validate`] then checks it against the model.
     fn try_from(req: InferenceRequest) -> Result<Self, Error> {
-        // seam: request `parameters.binary_data_output` belongs to the binary extension (HTTP layer).
+        // Binary inputs and outputs (`binary_data_size`, `binary_data_output`,
+        // `binary_data`) are `super::v2_binary`'s; this is the pure-JSON form.
         let inputs = req
             .inputs
             .into_iter()
             .map(decode_input)
             .collect::<Result<_, _>>()?;
-        // seam: an output's `parameters.binary_data` is accepted and ignored until the HTTP
-        // layer implements the binary extension; it will read it from the wire request.
         let outputs = req.outputs.map(|outs| outs.into_iter().map(|o| o.name).collect());
         Ok(InferRequest {
             id: req.id,

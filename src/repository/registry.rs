@@ -70,6 +70,16 @@ impl Registry {
         }
     }
 
+    /// `model` when the registry knows it, else [`crate::metrics::UNKNOWN_MODEL`]:
+    /// keeps the `model` label of request metrics to a closed set.
+    pub fn metric_label<'a>(&self, model: &'a str) -> &'a str {
+        if self.get(model).is_some() {
+            model
+        } else {
+            crate::metrics::UNKNOWN_MODEL
+        }
+    }
+
     /// Every entry, sorted by name.
     pub fn list(&self) -> Vec<ModelEntry> {
         self.models

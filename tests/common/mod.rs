@@ -79,6 +79,8 @@ pub fn add_model(repo: &Path, from: &str, to: &str, settings: &str) {
 /// A running server. Dropping it without `stop()` aborts it.
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// The gRPC port's address.
+    pub grpc_addr: SocketAddr,
     pub client: reqwest::Client,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
@@ -95,17 +97,20 @@ impl TestServer {
         let mut cfg = Config::default();
         cfg.http.host = [127, 0, 0, 1].into();
         cfg.http.port = 0;
+        cfg.grpc.port = 0;
         cfg.model_repository.path = repo.to_path_buf();
         cfg.shutdown.grace_period_seconds = 5.0;
         tweak(&mut cfg);
         let server = sluice::Server::bind(cfg, runtime()).await.expect("bind");
         let addr = server.http_addr();
+        let grpc_addr = server.grpc_addr();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(server.run(async move {
             let _ = stopped.await;
         }));
         let s = TestServer {
             addr,
+            grpc_addr,
             client: reqwest::Client::new(),
             stop: Some(stop),
             task: Some(task),

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Install the standard Open Inference Protocol clients that the end-to-end
+# tests drive against a real sluice (tests/standard_clients.rs):
+#   - NVIDIA's `tritonclient` (HTTP and gRPC) in the virtual environment .venv-clients/
+#   - `perf_analyzer`, the binary that ships inside the tritonclient 2.41.1 manylinux
+#     wheel (bin/perf_analyzer), with what it needs at run time:
+#       libb64.so.0d    from Debian's libb64-0d (apt-get, only when missing)
+#       libcudart.so.12 from PyPI's nvidia-cuda-runtime-cu12 (no GPU needed)
+#
+# Usage: scripts/setup-test-clients.sh
+#   then: .venv-clients/bin/python tests/clients/test_tritonclient.py ...
+#         scripts/perf-analyzer.sh -m mlp -u 127.0.0.1:8081 -i grpc   (see that script)
+#
+# Pinned to tritonclient 2.41.1: later perf_analyzer builds need a newer glibc
+# than Debian 12's. Idempotent: a stamp file holds the hash of the requirement
+# list; when it matches (and libb64 is present) the script returns at once.
+#
+# Environment: PYTHON (default python3) picks the interpreter used to create the venv.
+set -euo pipefail
+
+die() { echo "setup-test-clients: error: $*" >&2; exit 1; }
+log() { echo "setup-test-clients: $*" >&2; }
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PYTHON="${PYTHON:-python3}"
+VENV=".venv-clients"
+REQS="tests/clients/requirements.txt"
+STAMP="$VENV/.sluice-requirements.stamp"
+
+[[ -f "$REQS" ]] || die "$REQS not found"
+
+# 1. libb64 (perf_analyzer links against libb64.so.0d).
+if ! ldconfig -p 2>/dev/null | grep -q 'libb64\.so\.0d'; then
+  command -v apt-get >/dev/null 2>&1 \
+    || die "libb64.so.0d is missing and apt-get is not available: install Debian's libb64-0d (or your system's libb64)"
+  sudo=""
+  if [[ "$(id -u)" != 0 ]]; then
+    command -v sudo >/dev/null 2>&1 || die "libb64.so.0d is missing: run 'apt-get install libb64-0d' as root"
+    sudo="sudo"
+  fi
+  log "installing Debian's libb64-0d (for perf_analyzer) ..."
+  $sudo apt-get update -qq >&2 || die "apt-get update failed"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends libb64-0d >&2 \
+    || die "apt-get install libb64-0d failed"
+fi
+
+# 2. The virtual environment.
+if [[ ! -e "$VENV/bin/python" ]]; then
+  command -v "$PYTHON" >/dev/null 2>&1 || die "'$PYTHON' not found (set PYTHON=/path/to/python3)"
+  log "creating $VENV with $("$PYTHON" --version 2>&1)"
+  "$PYTHON" -m venv "$VENV" || die "'$PYTHON -m venv' failed (on Debian install python3-venv)"
+fi
+"$VENV/bin/python" -c 'import sys' 2>/dev/null \
+  || die "$VENV/bin/python does not run; delete $VENV and run again"
+
+want_stamp="$(sha256sum "$REQS" | cut -d' ' -f1) $("$VENV/bin/python" -c 'import platform; print(platform.python_version())')"
+if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$want_stamp" ]]; then
+  log "installing $REQS into $VENV ..."
+  rm -f "$STAMP"
+  "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet --only-binary=:all: -r "$REQS" \
+    || die "pip install -r $REQS failed (see pip output above)"
+  echo "$want_stamp" > "$STAMP"
+fi
+
+# 3. perf_analyzer: the wheel installs it as $VENV/bin/perf_analyzer.
+[[ -x "$VENV/bin/perf_analyzer" ]] || die "$VENV/bin/perf_analyzer not found: the tritonclient wheel changed?"
+if ! scripts/perf-analyzer.sh --version >/dev/null 2>&1; then
+  scripts/perf-analyzer.sh --version >&2 || true
+  die "perf_analyzer does not start (missing library? see above)"
+fi
+log "ready: $("$VENV/bin/python" -c 'import numpy; from importlib.metadata import version; print("tritonclient", version("tritonclient"), "numpy", numpy.__version__)'), $(scripts/perf-analyzer.sh --version 2>&1 | tail -1)"

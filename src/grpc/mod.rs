@@ -1,0 +1,77 @@
+//! gRPC front end (tonic): the standard `inference.GRPCInferenceService` on
+//! the gRPC port. Like `http/`, it only translates: a message goes through
+//! `protocol::grpc` into an [`InferRequest`](crate::protocol::InferRequest),
+//! then to the same `ModelHandle::infer` as every REST path (so gRPC
+//! requests share batches with REST ones), and back. Status codes are
+//! decided in `status.rs` alone. The server runs on the task that awaits
+//! [`serve`], with the same shutdown signal as the HTTP server.
+
+mod service;
+pub mod status;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::net::TcpListener;
+use tonic::transport::server::TcpIncoming;
+
+use crate::error::Error;
+use crate::protocol::grpc::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
+use crate::repository::{Registry, RepositoryHandle};
+pub use service::InferenceService;
+
+/// What every RPC shares.
+#[derive(Clone)]
+pub struct GrpcState {
+    /// Read-only view of the models; the repository task writes it.
+    pub registry: Arc<Registry>,
+    /// Commands to the repository task (RepositoryModelLoad / Unload).
+    pub repository: RepositoryHandle,
+    /// True once the start-up load finished, false again from the moment
+    /// shutdown begins. Written by `lib::Server` (the same flag the HTTP
+    /// port's readiness reads).
+    pub ready: Arc<AtomicBool>,
+    /// Largest message accepted or sent (`grpc.max_message_bytes`).
+    pub max_message_bytes: usize,
+}
+
+impl GrpcState {
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+}
+
+/// The tonic service, with message limits set from `state`.
+pub fn service(state: GrpcState) -> GrpcInferenceServiceServer<InferenceService> {
+    let limit = state.max_message_bytes;
+    GrpcInferenceServiceServer::new(InferenceService::new(state))
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit)
+}
+
+/// Serves gRPC on `listener` until `shutdown` completes, then stops taking
+/// new calls and returns once the calls in flight are answered.
+pub async fn serve(
+    listener: TcpListener,
+    state: GrpcState,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder()
+        .add_service(service(state))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}
+
+/// Records a finished inference call in `sluice_requests_total` and
+/// `sluice_request_duration_seconds` (protocol `grpc`), as `http::observe`
+/// does for REST.
+fn observe<T>(registry: &Registry, model: &str, arrival: Instant, result: &Result<T, Error>) {
+    let status = match result {
+        Ok(_) => "ok",
+        Err(e) => e.kind().as_str(),
+    };
+    crate::metrics::request(registry.metric_label(model), "grpc", status, arrival.elapsed());
+}

@@ -1,0 +1,233 @@
+//! The RPCs of `inference.GRPCInferenceService`. Each one translates: look
+//! the model up in the registry, convert with `protocol`, call the model,
+//! convert back; errors become statuses in `status.rs`.
+
+use std::pin::Pin;
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::status::status;
+use super::{observe, GrpcState};
+use crate::error::Error;
+use crate::model::state::ModelState;
+use crate::protocol::grpc::inference::grpc_inference_service_server::GrpcInferenceService;
+use crate::protocol::grpc::inference::repository_index_response::ModelIndex;
+use crate::protocol::grpc::inference::*;
+use crate::protocol::grpc::non_empty;
+use crate::protocol::v2::{ModelMetadata, ServerMetadata};
+use crate::protocol::InferRequest;
+
+/// The service; cheap to clone (tonic clones it per connection).
+#[derive(Clone)]
+pub struct InferenceService {
+    state: GrpcState,
+}
+
+impl InferenceService {
+    pub fn new(state: GrpcState) -> Self {
+        InferenceService { state }
+    }
+
+    /// Runs one inference request through the model's batcher.
+    async fn infer(&self, req: ModelInferRequest) -> Result<ModelInferResponse, Error> {
+        let arrival = Instant::now();
+        let name = req.model_name.clone();
+        let result = async {
+            let model = self.state.registry.ready(&name, non_empty(&req.model_version))?;
+            let request = InferRequest::try_from(req)?;
+            let resp = model.infer(request, arrival).await?;
+            Ok(ModelInferResponse::from(&resp))
+        }
+        .await;
+        observe(&self.state.registry, &name, arrival, &result);
+        result
+    }
+}
+
+type Answer<T> = Result<Response<T>, Status>;
+
+/// Lets `?` turn a domain error into its status.
+fn ok<T>(r: Result<T, Error>) -> Answer<T> {
+    r.map(Response::new).map_err(|e| status(&e))
+}
+
+/// Answers sent on one `ModelStreamInfer` call.
+type InferStream = Pin<Box<dyn Stream<Item = Result<ModelStreamInferResponse, Status>> + Send>>;
+
+/// Responses a stream may hold before its request reader waits for the client to read.
+const STREAM_BUFFER: usize = 64;
+
+#[tonic::async_trait]
+impl GrpcInferenceService for InferenceService {
+    async fn server_live(&self, _: Request<ServerLiveRequest>) -> Answer<ServerLiveResponse> {
+        Ok(Response::new(ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(&self, _: Request<ServerReadyRequest>) -> Answer<ServerReadyResponse> {
+        Ok(Response::new(ServerReadyResponse {
+            ready: self.state.is_ready(),
+        }))
+    }
+
+    /// NOT_FOUND for an unknown model (or version); `ready: false` for a known one that does not serve.
+    async fn model_ready(&self, req: Request<ModelReadyRequest>) -> Answer<ModelReadyResponse> {
+        let r = req.into_inner();
+        match self.state.registry.ready(&r.name, non_empty(&r.version)) {
+            Ok(_) => Ok(Response::new(ModelReadyResponse { ready: true })),
+            Err(e @ (Error::ModelNotFound(_) | Error::NotFound(_))) => Err(status(&e)),
+            Err(_) => Ok(Response::new(ModelReadyResponse { ready: false })),
+        }
+    }
+
+    async fn server_metadata(&self, _: Request<ServerMetadataRequest>) -> Answer<ServerMetadataResponse> {
+        let m = ServerMetadata::sluice();
+        Ok(Response::new(ServerMetadataResponse {
+            name: m.name,
+            version: m.version,
+            extensions: m.extensions,
+        }))
+    }
+
+    async fn model_metadata(&self, req: Request<ModelMetadataRequest>) -> Answer<ModelMetadataResponse> {
+        let r = req.into_inner();
+        ok(self
+            .state
+            .registry
+            .ready(&r.name, non_empty(&r.version))
+            .map(|m| ModelMetadata::new(&m.name, m.version(), &m.signature).into()))
+    }
+
+    async fn model_infer(&self, req: Request<ModelInferRequest>) -> Answer<ModelInferResponse> {
+        ok(self.infer(req.into_inner()).await)
+    }
+
+    type ModelStreamInferStream = InferStream;
+
+    /// Each request of the stream runs as soon as it arrives (so requests of
+    /// one stream batch together); each answer is sent when it is ready, with
+    /// the request's `id`, and a failure is an answer with `error_message`.
+    async fn model_stream_infer(
+        &self,
+        req: Request<Streaming<ModelInferRequest>>,
+    ) -> Answer<Self::ModelStreamInferStream> {
+        let mut requests = req.into_inner();
+        // Answers to the client. Each request's task holds a sender; the
+        // response stream returned below holds the receiver, and ends once
+        // the reader task and every request task have dropped theirs.
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let service = self.clone();
+        tokio::spawn(async move {
+            while let Some(next) = requests.next().await {
+                let request = match next {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        break;
+                    }
+                };
+                let (service, tx) = (service.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let id = request.id.clone();
+                    let answer = match service.infer(request).await {
+                        Ok(resp) => ModelStreamInferResponse {
+                            error_message: String::new(),
+                            infer_response: Some(resp),
+                        },
+                        Err(e) => ModelStreamInferResponse {
+                            error_message: e.to_string(),
+                            infer_response: Some(ModelInferResponse {
+                                id,
+                                ..Default::default()
+                            }),
+                        },
+                    };
+                    let _ = tx.send(Ok(answer)).await;
+                });
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn model_config(&self, req: Request<ModelConfigRequest>) -> Answer<ModelConfigResponse> {
+        let r = req.into_inner();
+        ok(self
+            .state
+            .registry
+            .ready(&r.name, non_empty(&r.version))
+            .map(|m| ModelConfigResponse {
+                config: Some((&m.config()).into()),
+            }))
+    }
+
+    /// Every serving model when `name` is empty, else that model.
+    async fn model_statistics(
+        &self,
+        req: Request<ModelStatisticsRequest>,
+    ) -> Answer<ModelStatisticsResponse> {
+        let r = req.into_inner();
+        let registry = &self.state.registry;
+        let models = match non_empty(&r.name) {
+            Some(name) => vec![registry
+                .ready(name, non_empty(&r.version))
+                .map_err(|e| status(&e))?],
+            None => registry.list().into_iter().filter_map(|e| e.handle).collect(),
+        };
+        Ok(Response::new(ModelStatisticsResponse {
+            model_stats: models.iter().map(|m| (&m.statistics()).into()).collect(),
+        }))
+    }
+
+    async fn repository_index(
+        &self,
+        req: Request<RepositoryIndexRequest>,
+    ) -> Answer<RepositoryIndexResponse> {
+        let only_ready = req.into_inner().ready;
+        let models = self
+            .state
+            .registry
+            .list()
+            .into_iter()
+            .filter(|e| !only_ready || e.state == ModelState::Ready)
+            .map(|e| ModelIndex {
+                reason: match &e.state {
+                    ModelState::Unavailable { reason } => reason.clone(),
+                    _ => String::new(),
+                },
+                state: e.state.as_str().to_string(),
+                name: e.name,
+                version: e.version.unwrap_or_default(),
+            })
+            .collect();
+        Ok(Response::new(RepositoryIndexResponse { models }))
+    }
+
+    async fn repository_model_load(
+        &self,
+        req: Request<RepositoryModelLoadRequest>,
+    ) -> Answer<RepositoryModelLoadResponse> {
+        let name = req.into_inner().model_name;
+        ok(self
+            .state
+            .repository
+            .load(&name)
+            .await
+            .map(|()| RepositoryModelLoadResponse {}))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        req: Request<RepositoryModelUnloadRequest>,
+    ) -> Answer<RepositoryModelUnloadResponse> {
+        let name = req.into_inner().model_name;
+        ok(self
+            .state
+            .repository
+            .unload(&name)
+            .await
+            .map(|()| RepositoryModelUnloadResponse {}))
+    }
+}

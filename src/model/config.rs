@@ -1,0 +1,46 @@
+//! What a loaded model reports about itself through Triton's
+//! model-configuration and statistics extensions: its configuration built
+//! from its signature and its live batch settings, and its statistics.
+
+use super::ModelHandle;
+use crate::protocol::model_config::{DynamicBatching, ModelConfig, QueuePolicy};
+use crate::protocol::statistics::ModelStatistics;
+
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+impl ModelHandle {
+    /// The model's configuration in Triton's shape. A model whose every
+    /// input and output has a dynamic dim 0 has a batch dimension
+    /// (`max_batch_size >= 1`, the current `max_batch_size` setting); one
+    /// with a fixed dim 0 has none (`0`). `dynamic_batching` is present when
+    /// requests are batched together.
+    pub fn config(&self) -> ModelConfig {
+        let batching = self.batcher().settings();
+        let max_batch_size = if self.signature.batchable() {
+            batching.max_batch_size.max(1)
+        } else {
+            0
+        };
+        let dynamic = (self.signature.batchable() && batching.batching_enabled()).then(|| DynamicBatching {
+            max_queue_delay_microseconds: micros(batching.max_batch_time),
+            default_queue_policy: QueuePolicy {
+                max_queue_size: batching.max_queue_size,
+                default_timeout_microseconds: micros(batching.timeout),
+            },
+        });
+        ModelConfig::new(&self.name, &self.signature, max_batch_size, dynamic)
+    }
+
+    /// The version the statistics extension reports: the model's version, or
+    /// "1" when it has none (perf_analyzer parses it as a number).
+    pub fn stats_version(&self) -> &str {
+        self.version().unwrap_or("1")
+    }
+
+    /// The model's cumulative statistics.
+    pub fn statistics(&self) -> ModelStatistics {
+        self.batcher().stats().snapshot(&self.name, self.stats_version())
+    }
+}

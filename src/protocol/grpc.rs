@@ -1,0 +1,312 @@
+//! The gRPC form of the Open Inference Protocol: the generated
+//! `inference` messages and service (from `proto/`, compiled by `build.rs`),
+//! and the conversions between `ModelInferRequest` / `ModelInferResponse` and
+//! [`InferRequest`] / [`InferResponse`]. Inputs come as `raw_input_contents`
+//! (what tritonclient and perf_analyzer send) or as typed `contents`; outputs
+//! always go as `raw_output_contents`, as Triton sends them. Pure: no I/O.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+
+use super::v2::{self, MetadataTensor, ModelMetadata};
+use super::{binary, InferRequest, InferResponse};
+use crate::error::Error;
+use crate::tensor::{DataType, Tensor, TensorData};
+
+/// The generated messages, server and client of `inference.GRPCInferenceService`.
+#[allow(clippy::all, missing_docs)]
+pub mod inference {
+    tonic::include_proto!("inference");
+}
+
+use inference::model_infer_request::InferInputTensor;
+use inference::model_infer_response::InferOutputTensor;
+use inference::{InferParameter, InferTensorContents, ModelInferRequest, ModelInferResponse};
+
+/// `None` for the empty string (protobuf's "not given").
+pub fn non_empty(s: &str) -> Option<&str> {
+    (!s.is_empty()).then_some(s)
+}
+
+/// Refuses parameters of extensions sluice does not serve.
+fn refuse_unsupported(params: &HashMap<String, InferParameter>, what: &str) -> Result<(), Error> {
+    super::refuse_unsupported(params.keys(), what)
+}
+
+impl TryFrom<ModelInferRequest> for InferRequest {
+    type Error = Error;
+
+    /// Decodes the wire request; [`super::validate`] then checks it against the model.
+    fn try_from(req: ModelInferRequest) -> Result<Self, Error> {
+        refuse_unsupported(&req.parameters, "request")?;
+        let raw = req.raw_input_contents;
+        if !raw.is_empty() && raw.len() != req.inputs.len() {
+            return Err(Error::invalid(format!(
+                "raw_input_contents has {} entries but the request has {} inputs; give one per input, in order",
+                raw.len(),
+                req.inputs.len()
+            )));
+        }
+        let mut raw = raw.into_iter();
+        let inputs = req
+            .inputs
+            .into_iter()
+            .map(|input| decode_input(input, raw.next()))
+            .collect::<Result<_, _>>()?;
+        let mut outputs = Vec::with_capacity(req.outputs.len());
+        for o in req.outputs {
+            refuse_unsupported(&o.parameters, &format!("output `{}`", o.name))?;
+            outputs.push(o.name);
+        }
+        Ok(InferRequest {
+            id: non_empty(&req.id).map(str::to_string),
+            inputs,
+            outputs: (!outputs.is_empty()).then_some(outputs),
+        })
+    }
+}
+
+fn decode_input(input: InferInputTensor, raw: Option<Bytes>) -> Result<Tensor, Error> {
+    let what = format!("input `{}`", input.name);
+    refuse_unsupported(&input.parameters, &what)?;
+    let dtype = v2::parse_datatype(&what, &input.datatype)?;
+    let (shape, count) = v2::parse_shape(&what, &input.shape)?;
+    let data = match (raw, input.contents) {
+        (Some(_), Some(_)) => {
+            return Err(Error::invalid(format!(
+                "{what}: has both `contents` and raw_input_contents; send one of them"
+            )))
+        }
+        (Some(bytes), None) => binary::decode(&what, dtype, &shape, &bytes)?,
+        (None, Some(contents)) => typed(&what, dtype, contents)?,
+        (None, None) => {
+            return Err(Error::invalid(format!(
+                "{what}: no data (neither `contents` nor raw_input_contents)"
+            )))
+        }
+    };
+    if data.len() != count {
+        return Err(Error::invalid(format!(
+            "{what}: shape {shape:?} needs {count} elements, `contents` holds {}",
+            data.len()
+        )));
+    }
+    Ok(Tensor {
+        name: input.name,
+        shape,
+        data,
+    })
+}
+
+/// Elements from the typed `contents` field that carries `dtype`.
+fn typed(what: &str, dtype: DataType, c: InferTensorContents) -> Result<TensorData, Error> {
+    fn narrow<W: Copy + std::fmt::Display, N: TryFrom<W>>(
+        what: &str,
+        dtype: DataType,
+        wide: Vec<W>,
+    ) -> Result<Vec<N>, Error> {
+        wide.into_iter()
+            .enumerate()
+            .map(|(i, x)| {
+                N::try_from(x).map_err(|_| {
+                    Error::invalid(format!("{what}: element {i} is {x}, out of range for {dtype}"))
+                })
+            })
+            .collect()
+    }
+    Ok(match dtype {
+        DataType::Bool => TensorData::Bool(c.bool_contents),
+        DataType::U8 => TensorData::U8(narrow(what, dtype, c.uint_contents)?),
+        DataType::U16 => TensorData::U16(narrow(what, dtype, c.uint_contents)?),
+        DataType::U32 => TensorData::U32(c.uint_contents),
+        DataType::U64 => TensorData::U64(c.uint64_contents),
+        DataType::I8 => TensorData::I8(narrow(what, dtype, c.int_contents)?),
+        DataType::I16 => TensorData::I16(narrow(what, dtype, c.int_contents)?),
+        DataType::I32 => TensorData::I32(c.int_contents),
+        DataType::I64 => TensorData::I64(c.int64_contents),
+        DataType::F32 => TensorData::F32(c.fp32_contents),
+        DataType::F64 => TensorData::F64(c.fp64_contents),
+        DataType::Bytes => TensorData::Bytes(c.bytes_contents),
+        DataType::F16 | DataType::Bf16 => {
+            return Err(Error::invalid(format!(
+                "{what}: {dtype} has no typed `contents` field; send it in raw_input_contents"
+            )))
+        }
+    })
+}
+
+impl From<&InferResponse> for ModelInferResponse {
+    /// Every output's elements go in `raw_output_contents`, in output order.
+    fn from(resp: &InferResponse) -> Self {
+        let mut outputs = Vec::with_capacity(resp.outputs.len());
+        let mut raw = Vec::with_capacity(resp.outputs.len());
+        for t in &resp.outputs {
+            outputs.push(InferOutputTensor {
+                name: t.name.clone(),
+                datatype: t.dtype().as_str().to_string(),
+                shape: t.shape.iter().map(|&d| d as i64).collect(),
+                parameters: HashMap::new(),
+                contents: None,
+            });
+            raw.push(Bytes::from(binary::encode(&t.data)));
+        }
+        ModelInferResponse {
+            model_name: resp.model_name.clone(),
+            model_version: resp.model_version.clone().unwrap_or_default(),
+            id: resp.id.clone().unwrap_or_default(),
+            parameters: HashMap::new(),
+            outputs,
+            raw_output_contents: raw,
+        }
+    }
+}
+
+impl From<MetadataTensor> for inference::model_metadata_response::TensorMetadata {
+    fn from(t: MetadataTensor) -> Self {
+        inference::model_metadata_response::TensorMetadata {
+            name: t.name,
+            datatype: t.datatype,
+            shape: t.shape,
+        }
+    }
+}
+
+impl From<ModelMetadata> for inference::ModelMetadataResponse {
+    fn from(m: ModelMetadata) -> Self {
+        inference::ModelMetadataResponse {
+            name: m.name,
+            versions: m.versions,
+            platform: m.platform,
+            inputs: m.inputs.into_iter().map(Into::into).collect(),
+            outputs: m.outputs.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    fn input(name: &str, datatype: &str, shape: &[i64]) -> InferInputTensor {
+        InferInputTensor {
+            name: name.into(),
+            datatype: datatype.into(),
+            shape: shape.to_vec(),
+            parameters: HashMap::new(),
+            contents: None,
+        }
+    }
+
+    fn request(inputs: Vec<InferInputTensor>, raw: Vec<Vec<u8>>) -> ModelInferRequest {
+        ModelInferRequest {
+            model_name: "m".into(),
+            inputs,
+            raw_input_contents: raw.into_iter().map(Bytes::from).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn invalid(r: Result<InferRequest, Error>) -> String {
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+        e.to_string()
+    }
+
+    #[test]
+    fn raw_contents_decode_per_input() {
+        let x: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let h: Vec<u8> = [half::f16::from_f32(0.5)]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let req = request(
+            vec![input("x", "FP32", &[1, 2]), input("h", "FP16", &[1])],
+            vec![x, h],
+        );
+        let req = InferRequest::try_from(req).unwrap();
+        assert_eq!(req.id, None);
+        assert_eq!(req.outputs, None);
+        assert_eq!(req.inputs[0].data, TensorData::F32(vec![1.0, 2.0]));
+        assert_eq!(
+            req.inputs[1].data,
+            TensorData::F16(vec![half::f16::from_f32(0.5)])
+        );
+    }
+
+    #[test]
+    fn typed_contents_decode_with_range_checks() {
+        let mut i = input("i", "INT8", &[2]);
+        i.contents = Some(InferTensorContents {
+            int_contents: vec![-3, 4],
+            ..Default::default()
+        });
+        let got = InferRequest::try_from(request(vec![i.clone()], vec![])).unwrap();
+        assert_eq!(got.inputs[0].data, TensorData::I8(vec![-3, 4]));
+        i.contents = Some(InferTensorContents {
+            int_contents: vec![1, 300],
+            ..Default::default()
+        });
+        let m = invalid(InferRequest::try_from(request(vec![i], vec![])));
+        assert_eq!(m, "input `i`: element 1 is 300, out of range for INT8");
+        let mut h = input("h", "FP16", &[1]);
+        h.contents = Some(InferTensorContents::default());
+        let m = invalid(InferRequest::try_from(request(vec![h], vec![])));
+        assert!(m.contains("send it in raw_input_contents"), "{m}");
+    }
+
+    #[test]
+    fn bad_requests_name_the_problem() {
+        let m = invalid(InferRequest::try_from(request(
+            vec![input("x", "FP32", &[2])],
+            vec![vec![0; 4]],
+        )));
+        assert_eq!(
+            m,
+            "input `x`: shape [2] of FP32 needs 8 bytes of binary data, got 4"
+        );
+        let two = vec![input("a", "FP32", &[1]), input("b", "FP32", &[1])];
+        let m = invalid(InferRequest::try_from(request(two, vec![vec![0; 4]])));
+        assert!(
+            m.starts_with("raw_input_contents has 1 entries but the request has 2 inputs"),
+            "{m}"
+        );
+        let m = invalid(InferRequest::try_from(request(
+            vec![input("x", "FP32", &[1])],
+            vec![],
+        )));
+        assert!(m.contains("no data"), "{m}");
+        let mut c = input("c", "FP32", &[3]);
+        c.contents = Some(InferTensorContents {
+            fp32_contents: vec![1.0],
+            ..Default::default()
+        });
+        let m = invalid(InferRequest::try_from(request(vec![c], vec![])));
+        assert_eq!(m, "input `c`: shape [3] needs 3 elements, `contents` holds 1");
+    }
+
+    #[test]
+    fn responses_carry_raw_outputs_in_order() {
+        let resp = InferResponse {
+            model_name: "m".into(),
+            model_version: None,
+            id: Some("9".into()),
+            outputs: vec![
+                Tensor::new("y", vec![1, 2], TensorData::I32(vec![1, -1])).unwrap(),
+                Tensor::new("s", vec![1], TensorData::Bytes(vec![b"ok".to_vec()])).unwrap(),
+            ],
+            batch_id: "b".into(),
+        };
+        let wire = ModelInferResponse::from(&resp);
+        assert_eq!(wire.id, "9");
+        assert_eq!(wire.model_version, "");
+        assert_eq!(wire.outputs[0].shape, vec![1, 2]);
+        assert_eq!(wire.outputs[1].datatype, "BYTES");
+        assert_eq!(
+            &wire.raw_output_contents[0][..],
+            &[1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]
+        );
+        assert_eq!(&wire.raw_output_contents[1][..], &[2, 0, 0, 0, b'o', b'k']);
+    }
+}

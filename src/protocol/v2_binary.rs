@@ -1,0 +1,273 @@
+//! The binary tensor data extension of the V2 REST protocol (Triton's
+//! `binary_tensor_data`), both directions. A request body is a JSON header of
+//! `Inference-Header-Content-Length` bytes followed by the raw data of every
+//! input whose `parameters.binary_data_size` is set, in the order of
+//! `inputs`; without that header the whole body is JSON. A response sends an
+//! output as raw bytes after its JSON header when the output's
+//! `parameters.binary_data` is true, or, when that is not given, when the
+//! request's `parameters.binary_data_output` is. Raw bytes are
+//! `super::binary`'s encoding. Pure: no I/O.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use super::v2::{self, InferenceRequest, InferenceResponse, RequestInput};
+use super::{binary, element_to_json, InferRequest, InferResponse};
+use crate::error::Error;
+use crate::tensor::Tensor;
+
+/// The header that gives the length of a body's JSON part.
+pub const HEADER_LENGTH: &str = "Inference-Header-Content-Length";
+
+/// Which outputs of a response go as binary data.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutputEncoding {
+    /// The request's `binary_data_output`: the default for every output.
+    all: bool,
+    /// Each requested output's own `binary_data`, when given.
+    per_output: HashMap<String, bool>,
+}
+
+impl OutputEncoding {
+    /// True when output `name` is sent as binary data.
+    pub fn is_binary(&self, name: &str) -> bool {
+        self.per_output.get(name).copied().unwrap_or(self.all)
+    }
+}
+
+/// A decoded request and how its outputs are to be sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodedRequest {
+    pub request: InferRequest,
+    pub outputs: OutputEncoding,
+}
+
+/// An encoded response body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncodedResponse {
+    /// JSON header, then the binary outputs' raw bytes.
+    pub body: Vec<u8>,
+    /// Length of the JSON header when binary data follows it (the value of
+    /// [`HEADER_LENGTH`]); `None` when the whole body is JSON.
+    pub header_length: Option<usize>,
+}
+
+/// Reads a boolean parameter; `what` names where it was found.
+fn bool_param(params: Option<&Map<String, Value>>, key: &str, what: &str) -> Result<Option<bool>, Error> {
+    match params.and_then(|p| p.get(key)) {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(other) => Err(Error::invalid(format!(
+            "{what}: parameter `{key}` must be true or false, got {}",
+            super::show(other)
+        ))),
+    }
+}
+
+/// Refuses parameters of extensions sluice does not serve.
+fn refuse_unsupported(params: Option<&Map<String, Value>>, what: &str) -> Result<(), Error> {
+    super::refuse_unsupported(params.into_iter().flat_map(|p| p.keys()), what)
+}
+
+/// Splits `body` at the JSON header length given by the [`HEADER_LENGTH`]
+/// header (`header`, its raw value), decodes the JSON, and reads each binary
+/// input from the bytes after it. Every mismatch (a header larger than the
+/// body, a `binary_data_size` that does not fit, bytes no input claims) is a
+/// 400 naming the input and the byte counts.
+pub fn decode_request(body: &[u8], header: Option<&[u8]>) -> Result<DecodedRequest, Error> {
+    let json_len = match header {
+        None => body.len(),
+        Some(raw) => {
+            let text = std::str::from_utf8(raw).unwrap_or("").trim();
+            let n: usize = text.parse().map_err(|_| {
+                Error::invalid(format!(
+                    "{HEADER_LENGTH} must be a byte count, got {:?}",
+                    String::from_utf8_lossy(raw)
+                ))
+            })?;
+            if n > body.len() {
+                return Err(Error::invalid(format!(
+                    "{HEADER_LENGTH} is {n} bytes but the request body has only {}",
+                    body.len()
+                )));
+            }
+            n
+        }
+    };
+    let (json, mut binary) = body.split_at(json_len);
+    let wire: InferenceRequest = serde_json::from_slice(json).map_err(|e| match header {
+        Some(_) => Error::invalid(format!(
+            "invalid JSON in the first {json_len} bytes of the body ({HEADER_LENGTH}): {e}"
+        )),
+        None => Error::invalid(format!("invalid JSON body: {e}")),
+    })?;
+    refuse_unsupported(wire.parameters.as_ref(), "request")?;
+    let all = bool_param(wire.parameters.as_ref(), "binary_data_output", "request")?.unwrap_or(false);
+
+    let binary_total = binary.len();
+    let mut inputs = Vec::with_capacity(wire.inputs.len());
+    for input in wire.inputs {
+        let what = format!("input `{}`", input.name);
+        refuse_unsupported(input.parameters.as_ref(), &what)?;
+        let Some(size) = binary_size(&input, &what)? else {
+            inputs.push(v2::decode_input(input)?);
+            continue;
+        };
+        if header.is_none() {
+            return Err(Error::invalid(format!(
+                "{what}: `binary_data_size` is {size}, but the request has no {HEADER_LENGTH} header, \
+                 so its whole body is JSON and carries no binary data"
+            )));
+        }
+        if !input.data.is_null() {
+            return Err(Error::invalid(format!(
+                "{what}: has both `data` and `binary_data_size`; send one of them"
+            )));
+        }
+        if size > binary.len() {
+            return Err(Error::invalid(format!(
+                "{what}: `binary_data_size` is {size} bytes but only {} bytes of binary data are left \
+                 (the body has {binary_total} bytes after its {json_len}-byte JSON header)",
+                binary.len()
+            )));
+        }
+        let (mine, rest) = binary.split_at(size);
+        binary = rest;
+        let dtype = v2::parse_datatype(&what, &input.datatype)?;
+        let (shape, _) = v2::parse_shape(&what, &input.shape)?;
+        let data = binary::decode(&what, dtype, &shape, mine)?;
+        inputs.push(Tensor {
+            name: input.name,
+            shape,
+            data,
+        });
+    }
+    if !binary.is_empty() {
+        return Err(Error::invalid(format!(
+            "the body has {binary_total} bytes of binary data after its {json_len}-byte JSON header, \
+             but the inputs' `binary_data_size` add up to {}",
+            binary_total - binary.len()
+        )));
+    }
+
+    let mut per_output = HashMap::new();
+    let outputs = match wire.outputs {
+        None => None,
+        Some(outs) => {
+            let mut names = Vec::with_capacity(outs.len());
+            for o in outs {
+                let what = format!("output `{}`", o.name);
+                refuse_unsupported(o.parameters.as_ref(), &what)?;
+                if let Some(b) = bool_param(o.parameters.as_ref(), "binary_data", &what)? {
+                    per_output.insert(o.name.clone(), b);
+                }
+                names.push(o.name);
+            }
+            Some(names)
+        }
+    };
+    Ok(DecodedRequest {
+        request: InferRequest {
+            id: wire.id,
+            inputs,
+            outputs,
+        },
+        outputs: OutputEncoding { all, per_output },
+    })
+}
+
+/// An input's `binary_data_size`, if it has one.
+fn binary_size(input: &RequestInput, what: &str) -> Result<Option<usize>, Error> {
+    match input.parameters.as_ref().and_then(|p| p.get("binary_data_size")) {
+        None => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "{what}: `binary_data_size` must be a non-negative integer, got {}",
+                    super::show(v)
+                ))
+            }),
+    }
+}
+
+/// The JSON header of a response with binary outputs: as
+/// [`InferenceResponse`], but a binary output has `binary_data_size` in its
+/// parameters instead of `data`.
+#[derive(Serialize)]
+struct Header<'a> {
+    model_name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model_version: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    outputs: Vec<HeaderOutput<'a>>,
+}
+
+#[derive(Serialize)]
+struct HeaderOutput<'a> {
+    name: &'a str,
+    datatype: &'static str,
+    shape: &'a [usize],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parameters: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<Vec<Value>>,
+}
+
+/// Encodes a response: plain JSON (as [`InferenceResponse`]) when no output
+/// is binary, else the JSON header followed by each binary output's raw
+/// bytes in output order.
+pub fn encode_response(resp: &InferResponse, encoding: &OutputEncoding) -> EncodedResponse {
+    let binary: Vec<&Tensor> = resp
+        .outputs
+        .iter()
+        .filter(|t| encoding.is_binary(&t.name))
+        .collect();
+    if binary.is_empty() {
+        let body = serde_json::to_vec(&InferenceResponse::from(resp))
+            .expect("an inference response serializes. This is a bug.");
+        return EncodedResponse {
+            body,
+            header_length: None,
+        };
+    }
+    let header = Header {
+        model_name: &resp.model_name,
+        model_version: resp.model_version.as_deref(),
+        id: resp.id.as_deref(),
+        outputs: resp
+            .outputs
+            .iter()
+            .map(|t| {
+                let is_binary = encoding.is_binary(&t.name);
+                HeaderOutput {
+                    name: &t.name,
+                    datatype: t.dtype().as_str(),
+                    shape: &t.shape,
+                    parameters: is_binary
+                        .then(|| json!({ "binary_data_size": binary::encoded_len(&t.data) })),
+                    data: (!is_binary)
+                        .then(|| (0..t.data.len()).map(|i| element_to_json(&t.data, i)).collect()),
+                }
+            })
+            .collect(),
+    };
+    let mut body = serde_json::to_vec(&header).expect("a response header serializes. This is a bug.");
+    let header_length = body.len();
+    body.reserve(binary.iter().map(|t| binary::encoded_len(&t.data)).sum());
+    for t in binary {
+        binary::encode_into(&t.data, &mut body);
+    }
+    EncodedResponse {
+        body,
+        header_length: Some(header_length),
+    }
+}
+
+#[cfg(test)]
+mod tests;
