@@ -15,12 +15,18 @@
 //! - when a session is free and several requests wait, it waits for more
 //!   only if the measured arrival rate expects the next request before the
 //!   batch's deadline (oldest arrival + `max_batch_time`), and at most until
-//!   twice the mean gap after the last arrival; otherwise it runs now.
+//!   twice the mean gap after the last arrival, and only if that wait is
+//!   under a quarter of the model's mean batch run time (a free session
+//!   idles meanwhile); otherwise it runs now.
 
 use std::time::{Duration, Instant};
 
 use super::queue::State;
 use crate::model::settings::{BatchPolicyKind, BatchSettings};
+
+/// The adaptive policy lets a free session idle, waiting for one more
+/// request, for at most 1/IDLE_FRACTION of the model's mean batch run time.
+const IDLE_FRACTION: u32 = 4;
 
 /// Why a batch closed (the `trigger` label of `sluice_batches_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,7 +125,12 @@ pub fn decide(state: &State, now: Instant, settings: &BatchSettings, cap: Capaci
                     // Slack of one more mean gap for jitter, never past the deadline.
                     let until =
                         (expected + (expected - state.last_arrival().unwrap_or(expected))).min(deadline);
-                    if until > now {
+                    // A free session idles while we wait: only worth it for
+                    // a small fraction of what running a batch takes.
+                    let worth = state
+                        .mean_run()
+                        .is_none_or(|run| until <= now + run / IDLE_FRACTION);
+                    if until > now && worth {
                         Decision::Wait(until - now)
                     } else {
                         Decision::Flush(Trigger::Adaptive)

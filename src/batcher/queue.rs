@@ -75,6 +75,8 @@ pub struct State {
     /// Exponentially weighted mean gap between arrivals (None until two arrived).
     mean_gap: Option<Duration>,
     last_arrival: Option<Instant>,
+    /// Exponentially weighted mean time a batch of this model takes to run.
+    mean_run: Option<Duration>,
 }
 
 /// Weight of the newest gap in the arrival-rate estimate.
@@ -122,6 +124,19 @@ impl State {
             .filter(|e| e.key == first.key)
             .map(|e| e.rows)
             .sum()
+    }
+
+    /// Records how long a finished batch took to run.
+    pub fn record_run(&mut self, took: Duration) {
+        self.mean_run = Some(match self.mean_run {
+            None => took,
+            Some(m) => m.mul_f64(1.0 - GAP_WEIGHT) + took.mul_f64(GAP_WEIGHT),
+        });
+    }
+
+    /// Mean run time of a batch (None until one finished).
+    pub fn mean_run(&self) -> Option<Duration> {
+        self.mean_run
     }
 
     /// Arrival of the newest entry seen.

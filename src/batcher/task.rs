@@ -48,7 +48,8 @@ pub(super) async fn batching_task(
 ) {
     let mut state = State::new();
     // Each batch task sends one message here when its batch has finished.
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<()>();
+    // Each batch task sends how long its batch ran here when it has finished.
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Duration>();
     let instances = shared.workers.instances();
     let mut in_flight = 0usize;
     let mut open = true;
@@ -113,7 +114,10 @@ pub(super) async fn batching_task(
         };
         tokio::select! {
             biased;
-            Some(()) = done_rx.recv() => in_flight -= 1,
+            Some(took) = done_rx.recv() => {
+                in_flight -= 1;
+                state.record_run(took);
+            }
             msg = entries.recv(), if open => match msg {
                 Some(msg) => {
                     draining |= receive(&shared, &mut state, &mut successor, msg);
@@ -167,7 +171,12 @@ fn leave_queue(shared: &Shared, entry: &Entry) {
 }
 
 /// Records the batch and runs it on a task of its own.
-fn dispatch(shared: &Arc<Shared>, batch: Vec<Entry>, trigger: Trigger, done: mpsc::UnboundedSender<()>) {
+fn dispatch(
+    shared: &Arc<Shared>,
+    batch: Vec<Entry>,
+    trigger: Trigger,
+    done: mpsc::UnboundedSender<Duration>,
+) {
     let now = Instant::now();
     let rows: usize = batch.iter().map(|e| e.rows).sum();
     metrics::batch_dispatched(&shared.model, rows, trigger.as_str());
@@ -179,17 +188,18 @@ fn dispatch(shared: &Arc<Shared>, batch: Vec<Entry>, trigger: Trigger, done: mps
     }
     let shared = shared.clone();
     tokio::spawn(async move {
-        run_batch(&shared, batch).await;
-        let _ = done.send(());
+        let took = run_batch(&shared, batch).await;
+        let _ = done.send(took);
     });
 }
 
 /// Runs one batch and answers each entry with its own rows. A batch that
 /// fails inside ONNX Runtime is retried entry by entry, so that one bad
-/// request fails alone.
-async fn run_batch(shared: &Shared, mut batch: Vec<Entry>) {
+/// request fails alone. Returns the session's run time (zero if it failed).
+async fn run_batch(shared: &Shared, mut batch: Vec<Entry>) -> Duration {
     let batch_id = format!("{:016x}", NEXT_BATCH.fetch_add(1, Ordering::Relaxed));
     let result = run(shared, &mut batch).await;
+    let took = result.as_ref().map_or(Duration::ZERO, |ran| ran.times.infer);
     match result {
         Ok(Ran { outputs, times }) if batch.len() == 1 => {
             let e = batch.pop().expect("one entry");
@@ -236,6 +246,7 @@ async fn run_batch(shared: &Shared, mut batch: Vec<Entry>) {
             }
         }
     }
+    took
 }
 
 /// A batch that ran: every output of the model for all its rows, and how
@@ -268,13 +279,11 @@ async fn run(shared: &Shared, batch: &mut [Entry]) -> Result<Ran, Error> {
         .map(|e| e.deadline)
         .max()
         .expect("a batch is never empty. This is a bug.");
-    let started = Instant::now();
-    let input = started.duration_since(concat);
+    let input = concat.elapsed();
     let result = shared.workers.run(inputs, shared.outputs.clone(), deadline).await;
     let model = shared.model.to_string();
     match result {
-        Ok(outputs) => {
-            let infer = started.elapsed();
+        Ok((outputs, infer)) => {
             metrics::inference(&shared.model, infer);
             if let Some(bad) = outputs.iter().find(|t| t.rows() != rows || t.shape.is_empty()) {
                 return Err(Error::Runtime {

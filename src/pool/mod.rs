@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
@@ -83,7 +83,7 @@ struct Job {
     /// Past this instant the job is skipped, not run.
     deadline: Instant,
     /// The caller awaits the result here.
-    reply: oneshot::Sender<Result<Vec<Tensor>, RunError>>,
+    reply: oneshot::Sender<Result<(Vec<Tensor>, Duration), RunError>>,
     /// Released by the session thread when the run ends, the device slot
     /// first (a tuple drops in field order): it must go to a batch already
     /// waiting at the device, often another model's, before this model's
@@ -191,13 +191,14 @@ impl ModelWorkers {
         self.groups.iter().map(|g| g.device).collect()
     }
 
-    /// Runs one batch and waits for its outputs.
+    /// Runs one batch and waits for its outputs and how long the session
+    /// took to run it (slot waits not included).
     pub async fn run(
         &self,
         inputs: Vec<Tensor>,
         outputs: Vec<String>,
         deadline: Instant,
-    ) -> Result<Vec<Tensor>, RunError> {
+    ) -> Result<(Vec<Tensor>, Duration), RunError> {
         let i = self.next_group.fetch_add(1, Ordering::Relaxed) % self.groups.len();
         let group = &self.groups[i];
         let session = group
@@ -233,7 +234,11 @@ fn session_loop(session: &mut dyn Session, rx: crossbeam_channel::Receiver<Job>)
             let _ = job.reply.send(Err(RunError::Expired));
             continue;
         }
-        let result = session.run(&job.inputs, &job.outputs).map_err(RunError::from);
+        let started = Instant::now();
+        let result = session
+            .run(&job.inputs, &job.outputs)
+            .map(|out| (out, started.elapsed()))
+            .map_err(RunError::from);
         let _ = job.reply.send(result);
     }
     tracing::debug!("session thread exits");
