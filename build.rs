@@ -1,11 +1,12 @@
 //! Compiles `proto/grpc_service.proto` (the Open Inference Protocol's gRPC
-//! service) into Rust with a pure-Rust protobuf compiler (`protox`), so a
-//! build needs no `protoc`. The generated module is included by
-//! `src/protocol/grpc.rs`.
+//! service) and `proto/onnx_weights.proto` (the initializers of an ONNX
+//! file) into Rust with a pure-Rust protobuf compiler (`protox`), so a build
+//! needs no `protoc`. The generated modules are included by
+//! `src/protocol/grpc.rs` and `src/runtime/weights.rs`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
-    let descriptors = protox::compile(["grpc_service.proto"], ["proto"])?;
+    let descriptors = protox::compile(["grpc_service.proto", "onnx_weights.proto"], ["proto"])?;
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
@@ -15,6 +16,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // decoded message buffer instead of each being copied out.
         .bytes(".inference.ModelInferRequest.raw_input_contents")
         .bytes(".inference.ModelInferResponse.raw_output_contents")
+        // A model's weights are sliced out of the file's buffer, not copied.
+        .bytes(".onnx.TensorProto.raw_data")
         .compile_fds(descriptors)?;
     Ok(())
 }

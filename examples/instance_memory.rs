@@ -1,9 +1,13 @@
 //! Measures the resident memory that each extra instance (ONNX Runtime
-//! session) of one model costs, with and without sharing prepacked weights.
+//! session) of one model costs, with and without sharing its weights
+//! (`runtime.share_weights`: one copy of the initializers plus ONNX
+//! Runtime's prepacked-weights container).
 //!
 //! ```sh
-//! cargo run --release --example instance_memory -- model-repository/mlp/model.onnx
+//! MALLOC_ARENA_MAX=1 cargo run --release --example instance_memory -- model-repository/mlp/model.onnx
 //! ```
+//! (`MALLOC_ARENA_MAX=1`: glibc's per-thread arenas otherwise make RSS move
+//! by several MiB between identical runs.)
 //! Each configuration runs in a fresh child process (RSS is per process):
 //! the parent re-executes itself with `--one INSTANCES SHARE`.
 
@@ -23,7 +27,7 @@ fn rss_kib() -> u64 {
 
 fn one(model: &Path, instances: usize, share: bool) {
     let mut defaults = Config::default().session_defaults();
-    defaults.share_prepacked_weights = share;
+    defaults.share_weights = share;
     let rt = OnnxRuntime::init(&find_library(None).expect("ONNX Runtime"), defaults).expect("init");
     let settings = ModelSettings::parse(
         &format!(r#"{{"instances": {instances}}}"#),
@@ -49,7 +53,7 @@ fn main() {
         .cloned()
         .unwrap_or_else(|| "model-repository/mlp/model.onnx".into());
     let exe = std::env::current_exe().unwrap();
-    println!("| instances | prepacked weights | RSS of the sessions (MiB) | per extra instance (MiB) |");
+    println!("| instances | weights | RSS of the sessions (MiB) | per extra instance (MiB) |");
     println!("|---|---|---|---|");
     for share in [false, true] {
         let mut first = None;

@@ -85,7 +85,7 @@ pub struct RuntimeConfig {
     /// Let ONNX Runtime's intra-op threads spin while waiting for work.
     pub intra_op_spinning: bool,
     /// Instances of one model share one copy of their prepacked weights.
-    pub share_prepacked_weights: bool,
+    pub share_weights: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -93,7 +93,7 @@ impl Default for RuntimeConfig {
         RuntimeConfig {
             onnxruntime_library: None,
             intra_op_spinning: false,
-            share_prepacked_weights: true,
+            share_weights: true,
         }
     }
 }
@@ -353,7 +353,7 @@ impl Config {
         crate::runtime::onnx::SessionDefaults {
             intra_op_threads: self.default_intra_op_threads(),
             spinning: self.runtime.intra_op_spinning,
-            share_prepacked_weights: self.runtime.share_prepacked_weights,
+            share_weights: self.runtime.share_weights,
         }
     }
 

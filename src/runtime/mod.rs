@@ -5,6 +5,7 @@
 //! threads, never on the async runtime.
 
 pub mod onnx;
+pub mod weights;
 
 use std::fmt;
 use std::path::Path;

@@ -76,7 +76,7 @@ pub struct SessionDefaults {
     /// Let intra-op threads spin while waiting for work.
     pub spinning: bool,
     /// Instances of one model share one copy of their prepacked weights.
-    pub share_prepacked_weights: bool,
+    pub share_weights: bool,
 }
 
 /// The ONNX Runtime implementation of [`Runtime`].
@@ -168,14 +168,21 @@ impl OnnxRuntime {
         path: &Path,
         settings: &ModelSettings,
         device: Device,
-        shared: &PrepackedWeights,
+        shared: &Sharing,
     ) -> Result<OnnxSession, String> {
         let mut builder = self.builder(settings).map_err(|e| e.to_string())?;
-        // Instances of one model share their prepacked weights instead of
-        // each keeping its own copy.
-        if self.defaults.share_prepacked_weights {
+        // Instances of one model share one copy of their weights, and of
+        // the prepacked form ONNX Runtime derives from them.
+        if let Some(weights) = &shared.weights {
+            for (name, value) in &weights.values {
+                builder = builder
+                    .with_initializer(name, value.clone())
+                    .map_err(|e| ort::Error::<()>::from(e).to_string())?;
+            }
+        }
+        if let Some(prepacked) = &shared.prepacked {
             builder = builder
-                .with_prepacked_weights(shared)
+                .with_prepacked_weights(prepacked)
                 .map_err(|e| ort::Error::<()>::from(e).to_string())?;
         }
         if let Device::Cuda(id) = device {
@@ -206,7 +213,7 @@ impl Runtime for OnnxRuntime {
         };
         // Decide the provider with the first instance, then place the rest.
         let devices: Vec<u32> = settings.device_ids.clone();
-        let shared = PrepackedWeights::new();
+        let shared = Sharing::new(model, path, settings.instances, self.defaults.share_weights);
         let cpu = |why: String| {
             Ok::<_, RuntimeError>((
                 self.session_on(path, settings, Device::Cpu, &shared)
@@ -315,6 +322,44 @@ fn signature_of(session: &ort::session::Session) -> Result<Signature, String> {
         .map(|o| spec_of(o.name(), o.dtype()))
         .collect::<Result<_, _>>()?;
     Ok(Signature { inputs, outputs })
+}
+
+/// What the instances of one model share (nothing when it has one instance).
+struct Sharing {
+    weights: Option<super::weights::SharedWeights>,
+    prepacked: Option<PrepackedWeights>,
+}
+
+impl Sharing {
+    fn new(model: &str, path: &Path, instances: usize, enabled: bool) -> Sharing {
+        if !enabled || instances < 2 {
+            return Sharing {
+                weights: None,
+                prepacked: None,
+            };
+        }
+        let weights = match super::weights::load(path) {
+            Ok(w) => {
+                tracing::info!(
+                    model,
+                    instances,
+                    shared_bytes = w.bytes,
+                    "instances share one copy of the weights"
+                );
+                Some(w)
+            }
+            Err(e) => {
+                // ONNX Runtime reports a bad file by itself; without sharing,
+                // each instance keeps its own copy.
+                tracing::warn!(model, error = %e, "cannot read the weights to share them");
+                None
+            }
+        };
+        Sharing {
+            weights,
+            prepacked: Some(PrepackedWeights::new()),
+        }
+    }
 }
 
 /// One `ort` session, owned by one pool thread.
