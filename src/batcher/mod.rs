@@ -248,20 +248,5 @@ impl Batcher {
     }
 }
 
-/// `e` and its sources, joined with ": ".
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests;

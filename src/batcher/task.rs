@@ -312,7 +312,7 @@ async fn run(shared: &Shared, batch: &mut [Entry]) -> Result<Ran, Error> {
         }),
         Err(RunError::Runtime(RuntimeError::InvalidInput(m))) => Err(Error::InvalidInput(m)),
         Err(RunError::Runtime(e)) => {
-            let message = super::error_chain(&e);
+            let message = crate::error::error_chain(&e);
             tracing::warn!(model = %model, error = %message, "inference failed");
             Err(Error::Runtime {
                 model,

@@ -14,8 +14,6 @@ use std::time::Instant;
 
 use tokio::sync::oneshot;
 
-use crate::runtime::Device;
-
 /// A batch waiting for a run slot.
 struct Waiter {
     oldest: Instant,
@@ -51,7 +49,6 @@ struct Slots {
 
 /// Run slots of one device, shared by every model placed on it.
 pub struct DeviceScheduler {
-    device: Device,
     limit: usize,
     /// Held only to count slots and push/pop waiters (never across an await).
     slots: Mutex<Slots>,
@@ -66,21 +63,11 @@ pub struct DevicePermit {
 }
 
 impl DeviceScheduler {
-    pub fn new(device: Device, limit: usize) -> Arc<DeviceScheduler> {
+    pub fn new(limit: usize) -> Arc<DeviceScheduler> {
         Arc::new(DeviceScheduler {
-            device,
             limit: limit.max(1),
             slots: Mutex::new(Slots::default()),
         })
-    }
-
-    pub fn device(&self) -> Device {
-        self.device
-    }
-
-    /// Batches that may run at once on this device.
-    pub fn limit(&self) -> usize {
-        self.limit
     }
 
     /// Waits for a run slot; waiters with an earlier `key` go first.
@@ -134,7 +121,7 @@ mod tests {
 
     #[tokio::test]
     async fn limit_bounds_concurrent_runs_and_oldest_goes_first() {
-        let s = DeviceScheduler::new(Device::Cpu, 1);
+        let s = DeviceScheduler::new(1);
         let t0 = Instant::now();
         let first = s.acquire(t0).await;
         // Two batches wait: the younger one asked first.
@@ -165,7 +152,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_waiter_that_left_does_not_leak_the_slot() {
-        let s = DeviceScheduler::new(Device::Cpu, 1);
+        let s = DeviceScheduler::new(1);
         let first = s.acquire(Instant::now()).await;
         let gone = tokio::spawn({
             let s = s.clone();

@@ -70,7 +70,7 @@ impl Pool {
                     Device::Cpu => self.limits.cpu,
                     Device::Cuda(_) => self.limits.gpu,
                 };
-                DeviceScheduler::new(device, limit)
+                DeviceScheduler::new(limit)
             })
             .clone()
     }
@@ -94,7 +94,6 @@ struct Job {
 
 /// The sessions of one model placed on one device.
 struct Group {
-    device: Device,
     /// Jobs for this group's session threads (each holds a clone of the
     /// receiver). Bounded by the number of sessions, and `sessions` permits
     /// guarantee there is room, so a send never waits.
@@ -166,7 +165,6 @@ impl ModelWorkers {
                 instance += 1;
             }
             groups.push(Group {
-                device,
                 tx,
                 sessions: permits,
                 scheduler: pool.scheduler(device),
@@ -184,11 +182,6 @@ impl ModelWorkers {
     /// Number of sessions.
     pub fn instances(&self) -> usize {
         self.instances
-    }
-
-    /// The devices the model runs on.
-    pub fn devices(&self) -> Vec<Device> {
-        self.groups.iter().map(|g| g.device).collect()
     }
 
     /// Runs one batch and waits for its outputs and how long the session

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::describe;
-use crate::batcher::{error_chain, Batcher};
+use crate::batcher::Batcher;
+use crate::error::error_chain;
 use crate::model::settings::ModelSettings;
 use crate::model::warmup;
 use crate::model::ModelHandle;

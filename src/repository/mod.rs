@@ -137,10 +137,6 @@ impl Repository {
         }
     }
 
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
     /// Starts the repository task: it loads every model folder, then sends
     /// the outcome on the returned receiver (Err: the folder is unreadable),
     /// then follows `rescan` signals (from the watcher) and API commands.

@@ -121,11 +121,6 @@ impl OnnxRuntime {
         })
     }
 
-    /// The library this process loaded.
-    pub fn library(&self) -> &Path {
-        self.library
-    }
-
     fn builder(&self, settings: &ModelSettings) -> ort::Result<SessionBuilder> {
         // The pool bounds how many batches run at once on the CPU; the
         // default intra-op threads share the cores among those batches.
