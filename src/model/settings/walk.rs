@@ -1,0 +1,201 @@
+//! The hand-written walk over a `model-settings.json` value: small typed
+//! checkers that record a problem (named by its field path) instead of
+//! stopping at the first, and the helpers for their messages.
+
+use serde_json::{Map, Value};
+
+use super::*;
+
+pub(super) fn lookup<T: Copy>(options: &[(&str, T)], s: &str) -> Option<T> {
+    options.iter().find(|(name, _)| *name == s).map(|(_, t)| *t)
+}
+
+/// A field's value, with `null` counting as absent.
+pub(super) fn get<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    obj.get(key).filter(|v| !v.is_null())
+}
+
+/// A value as JSON text for messages, cut short when long.
+pub(super) fn describe(v: &Value) -> String {
+    let s = v.to_string();
+    match s.char_indices().nth(40) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s,
+    }
+}
+
+/// Levenshtein distance, for did-you-mean suggestions.
+pub(super) fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+/// Walks the JSON value, collecting every problem. Each checker returns `None` on a problem.
+#[derive(Default)]
+pub(super) struct Walker {
+    pub(super) problems: Vec<String>,
+}
+
+impl Walker {
+    pub(super) fn push<T>(&mut self, problem: String) -> Option<T> {
+        self.problems.push(problem);
+        None
+    }
+
+    pub(super) fn bad<T>(&mut self, path: &str, expected: &str, got: &Value) -> Option<T> {
+        self.push(format!("`{path}` must be {expected}, got {}", describe(got)))
+    }
+
+    /// `v` as an object whose keys are all in `known`; `prefix` is its path plus `.` (or empty).
+    pub(super) fn object<'a>(
+        &mut self,
+        v: &'a Value,
+        prefix: &str,
+        known: &str,
+    ) -> Option<&'a Map<String, Value>> {
+        let Some(obj) = v.as_object() else {
+            // The caller reports a top level that is not an object itself.
+            return if prefix.is_empty() {
+                None
+            } else {
+                self.bad(prefix.trim_end_matches('.'), "an object", v)
+            };
+        };
+        let fields = || known.split_whitespace();
+        for key in obj.keys().filter(|k| !fields().any(|f| f == k.as_str())) {
+            let foreign = FOREIGN.iter().find(|(f, _)| prefix.is_empty() && f == key);
+            let hint = match (foreign, fields().map(|f| (edit_distance(key, f), f)).min()) {
+                (Some((_, hint)), _) => hint.to_string(),
+                (None, Some((..=2, f))) => format!("did you mean `{prefix}{f}`?"),
+                _ => format!("known fields: `{}`", fields().collect::<Vec<_>>().join("`, `")),
+            };
+            let problem = format!("`{prefix}{key}` is an unknown field ({hint})");
+            self.problems.push(problem);
+        }
+        Some(obj)
+    }
+
+    pub(super) fn string<'a>(&mut self, v: &'a Value, path: &str, expected: &str) -> Option<&'a str> {
+        v.as_str().or_else(|| self.bad(path, expected, v))
+    }
+
+    pub(super) fn boolean(&mut self, v: &Value, path: &str) -> Option<bool> {
+        v.as_bool().or_else(|| self.bad(path, "true or false", v))
+    }
+
+    pub(super) fn int(&mut self, v: &Value, path: &str, lo: u64, hi: u64) -> Option<u64> {
+        self.int_as(v, path, lo, hi, &format!("an integer between {lo} and {hi}"))
+    }
+
+    pub(super) fn int_as(&mut self, v: &Value, path: &str, lo: u64, hi: u64, expected: &str) -> Option<u64> {
+        v.as_u64()
+            .filter(|n| (lo..=hi).contains(n))
+            .or_else(|| self.bad(path, expected, v))
+    }
+
+    pub(super) fn number(
+        &mut self,
+        v: &Value,
+        path: &str,
+        expected: &str,
+        ok: impl Fn(f64) -> bool,
+    ) -> Option<f64> {
+        v.as_f64()
+            .filter(|x| x.is_finite() && ok(*x))
+            .or_else(|| self.bad(path, expected, v))
+    }
+
+    /// One of the named `options`, or (with `ints`) its index in them, as Triton writes it.
+    pub(super) fn choice<T: Copy>(
+        &mut self,
+        v: &Value,
+        path: &str,
+        options: &[(&str, T)],
+        ints: bool,
+    ) -> Option<T> {
+        let found = match v {
+            Value::String(s) => lookup(options, s),
+            Value::Number(n) if ints => n.as_u64().and_then(|i| options.get(i as usize)).map(|(_, t)| *t),
+            _ => None,
+        };
+        found.or_else(|| {
+            let names: Vec<String> = options.iter().map(|(s, _)| format!("{s:?}")).collect();
+            let ints = if ints {
+                format!(" (or 0 to {})", options.len() - 1)
+            } else {
+                String::new()
+            };
+            self.bad(path, &format!("one of {}{ints}", names.join(", ")), v)
+        })
+    }
+
+    /// A relative path inside the model folder, with `.` components removed.
+    pub(super) fn uri(&mut self, s: &str) -> Option<PathBuf> {
+        let expected = "a relative path to a file inside the model folder";
+        let path = std::path::Path::new(s);
+        let why = if s.is_empty() {
+            "it is empty"
+        } else if path.has_root() || s.starts_with('\\') || s.get(1..2) == Some(":") {
+            "absolute paths are not allowed"
+        } else if path.components().any(|c| c == Component::ParentDir) {
+            "`..` is not allowed"
+        } else {
+            let normal: PathBuf = path.components().filter(|c| *c != Component::CurDir).collect();
+            if !s.ends_with('/') && normal.file_name().is_some() {
+                return Some(normal);
+            }
+            "it names no file"
+        };
+        self.push(format!("`parameters.uri` must be {expected}, got {s:?} ({why})"))
+    }
+
+    pub(super) fn device_ids(&mut self, v: &Value) -> Vec<u32> {
+        let expected = "a non-empty array of GPU indices (integers between 0 and 63)";
+        let ids = match v.as_array() {
+            Some(a) if !a.is_empty() => a,
+            _ => return self.bad("device_ids", expected, v).unwrap_or_default(),
+        };
+        let mut out: Vec<u32> = Vec::with_capacity(ids.len());
+        for (i, id) in ids.iter().enumerate() {
+            match self.int(id, &format!("device_ids[{i}]"), 0, 63) {
+                Some(n) if out.contains(&(n as u32)) => {
+                    self.problems
+                        .push(format!("`device_ids` lists device {n} more than once"));
+                }
+                Some(n) => out.push(n as u32),
+                None => {}
+            }
+        }
+        out
+    }
+
+    /// Reconciles an MLServer field with its KServe twin (same unit): equal or one given is fine.
+    pub(super) fn merge(
+        &mut self,
+        ml: (&str, Option<f64>),
+        ks: (&str, Option<f64>),
+        unit: &str,
+    ) -> Option<f64> {
+        match (ml.1, ks.1) {
+            (Some(a), Some(b)) if (a - b).abs() > 1e-9 => {
+                let (m, k) = (ml.0, ks.0);
+                self.push(format!(
+                    "`{k}` and `{m}` disagree ({b}{unit} vs {a}{unit}); set only one of them"
+                ))
+            }
+            (a, b) => a.or(b),
+        }
+    }
+}
