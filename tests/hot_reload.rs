@@ -293,6 +293,41 @@ enum Replace {
     InPlace,
 }
 
+/// Answers of a scalar_out client: which version answered, and the answer.
+type ScalarAnswer = (Option<u8>, Answer);
+
+/// `n` clients sending one-row requests to scalar_out-like `model` until
+/// stopped (client `c`'s request `i` uses row `c * stride + i`), and a count
+/// of the answers so far.
+fn scalar_clients(
+    s: &TestServer,
+    model: &str,
+    n: usize,
+    stride: usize,
+) -> (Clients<ScalarAnswer>, Arc<AtomicUsize>) {
+    let answered = Arc::new(AtomicUsize::new(0));
+    let (client, url) = (s.client.clone(), s.url(&format!("/v2/models/{model}/infer")));
+    let count = answered.clone();
+    let clients = Clients::start(n, move |c, i| {
+        let (client, url, count) = (client.clone(), url.clone(), count.clone());
+        async move {
+            let (body, sum) = scalar_request(c * stride + i);
+            let a = infer(&client, &url, &body).await;
+            count.fetch_add(1, Ordering::Relaxed);
+            (scalar_version(&a, sum), a)
+        }
+    });
+    (clients, answered)
+}
+
+/// Waits until the clients have had `n` answers.
+async fn wait_answers(answered: &AtomicUsize, n: usize) {
+    wait_for(&format!("{n} answers"), || async {
+        (answered.load(Ordering::Relaxed) >= n).then_some(())
+    })
+    .await
+}
+
 /// scalar_out serves; clients send continuously; model.onnx becomes
 /// scalar_out_v2 (same signature, twice the values). Every request gets 200
 /// with the old or the new values, and every request sent after the swap
@@ -303,33 +338,8 @@ async fn replace_model_file_under_load(how: Replace) {
     add_model(repo.path(), "scalar_out", m, r#"{"max_batch_size": 8}"#);
     let s = TestServer::start(repo.path()).await;
     let others = bystander(&s, 1);
-    let answered = Arc::new(AtomicUsize::new(0));
-    let clients = {
-        let (client, url, answered) = (
-            s.client.clone(),
-            s.url(&format!("/v2/models/{m}/infer")),
-            answered.clone(),
-        );
-        Clients::start(6, move |c, i| {
-            let (client, url, answered) = (client.clone(), url.clone(), answered.clone());
-            async move {
-                let (body, sum) = scalar_request(c * 31 + i);
-                let a = infer(&client, &url, &body).await;
-                answered.fetch_add(1, Ordering::Relaxed);
-                (scalar_version(&a, sum), a)
-            }
-        })
-    };
-    let at_least = |n: usize| {
-        let answered = answered.clone();
-        async move {
-            wait_for(&format!("{n} answers"), || async {
-                (answered.load(Ordering::Relaxed) >= n).then_some(())
-            })
-            .await
-        }
-    };
-    at_least(50).await;
+    let (clients, answered) = scalar_clients(&s, m, 6, 31);
+    wait_answers(&answered, 50).await;
 
     let reloaded = s.reloads(m, "reloaded").await;
     let file = repo.path().join(m).join("model.onnx");
@@ -343,7 +353,7 @@ async fn replace_model_file_under_load(how: Replace) {
     }
     s.wait_reloads(m, "reloaded", reloaded + 1.0).await;
     let swapped = Instant::now();
-    at_least(answered.load(Ordering::Relaxed) + 50).await;
+    wait_answers(&answered, answered.load(Ordering::Relaxed) + 50).await;
     let answers = clients.stop().await;
     others.stop().await;
 
@@ -388,33 +398,8 @@ async fn removing_a_folder_under_load_answers_every_accepted_request() {
     add_model(repo.path(), "scalar_out", m, "{}");
     let s = TestServer::start(repo.path()).await;
     let others = bystander(&s, 1);
-    let answered = Arc::new(AtomicUsize::new(0));
-    let clients = {
-        let (client, url, answered) = (
-            s.client.clone(),
-            s.url(&format!("/v2/models/{m}/infer")),
-            answered.clone(),
-        );
-        Clients::start(4, move |c, i| {
-            let (client, url, answered) = (client.clone(), url.clone(), answered.clone());
-            async move {
-                let (body, sum) = scalar_request(c * 17 + i);
-                let a = infer(&client, &url, &body).await;
-                answered.fetch_add(1, Ordering::Relaxed);
-                (scalar_version(&a, sum), a)
-            }
-        })
-    };
-    let at_least = |n: usize| {
-        let answered = answered.clone();
-        async move {
-            wait_for(&format!("{n} answers"), || async {
-                (answered.load(Ordering::Relaxed) >= n).then_some(())
-            })
-            .await
-        }
-    };
-    at_least(40).await;
+    let (clients, answered) = scalar_clients(&s, m, 4, 17);
+    wait_answers(&answered, 40).await;
     let unloaded = s.reloads(m, "unloaded").await;
     std::fs::remove_dir_all(repo.path().join(m)).unwrap();
     wait_for("the removed model to leave the index", || async {
@@ -422,7 +407,7 @@ async fn removing_a_folder_under_load_answers_every_accepted_request() {
     })
     .await;
     let gone = Instant::now();
-    at_least(answered.load(Ordering::Relaxed) + 40).await;
+    wait_answers(&answered, answered.load(Ordering::Relaxed) + 40).await;
     let answers = clients.stop().await;
     others.stop().await;
 
