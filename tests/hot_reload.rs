@@ -484,3 +484,59 @@ async fn poll_mode_sees_edits_new_folders_and_removals() {
     );
     s.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_file_that_does_not_load_keeps_the_old_version_serving() {
+    let repo = repo_with(&["digits"]);
+    let m = "badfile";
+    add_model(repo.path(), "scalar_out", m, "{}");
+    let s = TestServer::start(repo.path()).await;
+    let others = bystander(&s, 1);
+    let url = s.url(&format!("/v2/models/{m}/infer"));
+    let failed = s.reloads(m, "failed").await;
+
+    // Replace model.onnx (write + rename) with bytes that are not ONNX.
+    let file = repo.path().join(m).join("model.onnx");
+    let tmp = repo.path().join(m).join(".model.onnx.tmp");
+    std::fs::write(&tmp, b"this is not an onnx model\n").unwrap();
+    std::fs::rename(&tmp, &file).unwrap();
+    wait_for("the refused load to be counted", || async {
+        (s.reloads(m, "failed").await > failed).then_some(())
+    })
+    .await;
+    let entry = s.index_entry(m).await.unwrap();
+    assert_eq!(entry["state"], "READY", "{entry}");
+    let reason = entry["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("model.onnx"),
+        "the reason names the file: {entry}"
+    );
+    for i in 0..5 {
+        let (body, sum) = scalar_request(i);
+        let a = infer(&s.client, &url, &body).await;
+        assert_eq!(
+            scalar_version(&a, sum),
+            Some(1),
+            "the old version serves: {}",
+            a.body
+        );
+    }
+
+    // A good file recovers: the new version serves and the reason is gone.
+    let reloaded = s.reloads(m, "reloaded").await;
+    std::fs::write(&tmp, model_bytes("scalar_out_v2")).unwrap();
+    std::fs::rename(&tmp, &file).unwrap();
+    wait_for("the good file to load", || async {
+        (s.reloads(m, "reloaded").await > reloaded).then_some(())
+    })
+    .await;
+    assert_eq!(
+        s.index_entry(m).await.unwrap(),
+        json!({"name": m, "state": "READY"})
+    );
+    let (body, sum) = scalar_request(7);
+    let a = infer(&s.client, &url, &body).await;
+    assert_eq!(scalar_version(&a, sum), Some(2), "{}", a.body);
+    others.stop().await;
+    s.stop().await.unwrap();
+}
