@@ -117,8 +117,9 @@ pub fn inference(model: &str, took: Duration) {
     histogram!(INFERENCE_DURATION, "model" => model.to_string()).record(took.as_secs_f64());
 }
 
-/// A request was answered.
-pub fn request(model: &str, protocol: &'static str, status: &'static str, took: Duration) {
+/// A request was answered: `status` is `ok` or the error's kind.
+pub fn request(model: &str, protocol: &'static str, error: Option<&crate::error::Error>, took: Duration) {
+    let status = error.map_or("ok", |e| e.kind().as_str());
     histogram!(REQUEST_DURATION, "model" => model.to_string(), "protocol" => protocol)
         .record(took.as_secs_f64());
     counter!(REQUESTS, "model" => model.to_string(), "protocol" => protocol, "status" => status).increment(1);

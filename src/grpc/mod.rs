@@ -69,9 +69,10 @@ pub async fn serve(
 /// `sluice_request_duration_seconds` (protocol `grpc`), as `http::observe`
 /// does for REST.
 fn observe<T>(registry: &Registry, model: &str, arrival: Instant, result: &Result<T, Error>) {
-    let status = match result {
-        Ok(_) => "ok",
-        Err(e) => e.kind().as_str(),
-    };
-    crate::metrics::request(registry.metric_label(model), "grpc", status, arrival.elapsed());
+    crate::metrics::request(
+        registry.metric_label(model),
+        "grpc",
+        result.as_ref().err(),
+        arrival.elapsed(),
+    );
 }

@@ -98,11 +98,8 @@ pub(crate) fn observe<T>(
     arrival: std::time::Instant,
     result: Result<T, ApiError>,
 ) -> Result<T, ApiError> {
-    let status = match &result {
-        Ok(_) => "ok",
-        Err(e) => e.0.kind().as_str(),
-    };
-    crate::metrics::request(registry.metric_label(model), protocol, status, arrival.elapsed());
+    let error = result.as_ref().err().map(|e| &e.0);
+    crate::metrics::request(registry.metric_label(model), protocol, error, arrival.elapsed());
     result
 }
 

@@ -73,7 +73,13 @@ impl Registry {
     /// `model` when the registry knows it, else [`crate::metrics::UNKNOWN_MODEL`]:
     /// keeps the `model` label of request metrics to a closed set.
     pub fn metric_label<'a>(&self, model: &'a str) -> &'a str {
-        if self.get(model).is_some() {
+        // A lookup only: this runs once per request, no entry is cloned.
+        if self
+            .models
+            .read()
+            .expect("registry lock poisoned")
+            .contains_key(model)
+        {
             model
         } else {
             crate::metrics::UNKNOWN_MODEL
