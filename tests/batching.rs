@@ -527,15 +527,7 @@ async fn every_metric_is_present_and_moves_with_traffic() {
     );
     assert_eq!(after.sum("sluice_model_ready", &l), 1.0);
 
-    let text = s
-        .client
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.metrics().await;
     for (name, kind) in [
         ("sluice_batch_size", "histogram"),
         ("sluice_queue_delay_seconds", "histogram"),

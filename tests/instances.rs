@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::batching::mlp_rows;
+use common::batching::{mlp_rows, post};
 use common::*;
 use serde_json::json;
 
@@ -36,27 +36,13 @@ async fn all_instances_answer_right(share_weights: bool) {
         tasks.push(tokio::spawn(async move {
             let body =
                 json!({"inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32", "data": row}]});
-            let r: serde_json::Value = client
-                .post(&url_m)
-                .json(&body)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let (status, _, r) = post(&client, &url_m, &body).await;
+            assert_eq!(status, 200, "{r}");
             assert_close(&flat_f64(&r["outputs"][0]["data"]), &want, 1e-4, "mlp logits");
             let body =
                 json!({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": drow}]});
-            let r: serde_json::Value = client
-                .post(&url_d)
-                .json(&body)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let (status, _, r) = post(&client, &url_d, &body).await;
+            assert_eq!(status, 200, "{r}");
             let label = r["outputs"]
                 .as_array()
                 .unwrap()

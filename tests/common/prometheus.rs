@@ -61,21 +61,21 @@ pub fn parse(text: &str) -> Vec<Sample> {
     samples
 }
 
+impl TestServer {
+    /// The Prometheus text of `/metrics` (asserting a 200).
+    pub async fn metrics(&self) -> String {
+        let (st, text) = self.get_raw("/metrics").await;
+        assert_eq!(st, 200, "{text}");
+        text
+    }
+}
+
 /// The parsed `/metrics` of `s`.
 pub struct Metrics(pub Vec<Sample>);
 
 impl Metrics {
     pub async fn scrape(s: &TestServer) -> Metrics {
-        let text = s
-            .client
-            .get(s.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        Metrics(parse(&text))
+        Metrics(parse(&s.metrics().await))
     }
 
     pub fn matching<'a>(

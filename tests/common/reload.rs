@@ -43,13 +43,6 @@ pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 }
 
 impl TestServer {
-    /// `GET /metrics`.
-    pub async fn metrics(&self) -> String {
-        let (st, text) = self.get_raw("/metrics").await;
-        assert_eq!(st, 200, "{text}");
-        text
-    }
-
     /// `sluice_model_reloads_total{model, result}`.
     pub async fn reloads(&self, model: &str, result: &str) -> f64 {
         let text = self.metrics().await;
