@@ -50,7 +50,9 @@ impl Registry {
     /// The model's handle if it serves, or the error a request should get.
     /// `version`: the version asked for in the URL, if any.
     pub fn ready(&self, name: &str, version: Option<&str>) -> Result<Arc<ModelHandle>, Error> {
-        let entry = self
+        // Runs once per request: read under the lock, clone only the handle.
+        let models = self.models.read().expect("registry lock poisoned");
+        let entry = models
             .get(name)
             .ok_or_else(|| Error::ModelNotFound(name.to_string()))?;
         if let Some(v) = version {
@@ -61,8 +63,8 @@ impl Registry {
                 )));
             }
         }
-        match (&entry.state, entry.handle) {
-            (ModelState::Ready, Some(h)) => Ok(h),
+        match (&entry.state, &entry.handle) {
+            (ModelState::Ready, Some(h)) => Ok(h.clone()),
             (state, _) => Err(Error::ModelNotReady {
                 name: name.to_string(),
                 reason: state.to_string(),
