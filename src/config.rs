@@ -69,6 +69,8 @@ pub struct GrpcConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct RepositoryConfig {
     pub path: PathBuf,
+    /// Serve `path` itself as this one model (KServe's `/mnt/models` layout).
+    pub model_name: Option<String>,
     /// How changes are noticed: `events`, `poll`, or `off`.
     pub watch: crate::repository::watcher::WatchMode,
     /// Seconds between polls when `watch = "poll"`.
@@ -141,6 +143,7 @@ impl Default for RepositoryConfig {
     fn default() -> Self {
         RepositoryConfig {
             path: PathBuf::from("model-repository"),
+            model_name: None,
             watch: crate::repository::watcher::WatchMode::Events,
             poll_interval_seconds: 2.0,
             debounce_seconds: 0.25,
@@ -177,6 +180,7 @@ impl Default for ShutdownConfig {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct CliOverrides {
     pub model_repository: Option<PathBuf>,
+    pub model_name: Option<String>,
     pub host: Option<IpAddr>,
     pub http_port: Option<u16>,
     pub grpc_port: Option<u16>,
@@ -216,6 +220,9 @@ impl Config {
         let mut cfg: Config = fig.extract().map_err(|e| format!("configuration: {e}"))?;
         if let Some(p) = &cli.model_repository {
             cfg.model_repository.path = p.clone();
+        }
+        if let Some(n) = &cli.model_name {
+            cfg.model_repository.model_name = Some(n.clone());
         }
         if let Some(h) = cli.host {
             cfg.http.host = h;
@@ -285,6 +292,11 @@ impl Config {
                 "model_repository.poll_interval_seconds must be 0.05..=3600, got {}",
                 r.poll_interval_seconds
             ));
+        }
+        if let Some(name) = &r.model_name {
+            if let Err(e) = crate::model::settings::validate_model_name(name) {
+                errs.push(format!("model_repository.model_name (--model-name): {e}"));
+            }
         }
         if !(r.debounce_seconds.is_finite() && (0.0..=60.0).contains(&r.debounce_seconds)) {
             errs.push(format!(

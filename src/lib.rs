@@ -74,7 +74,13 @@ impl Server {
         // first model's `loaded` count went missing this way).
         let metrics = metrics::install();
         let repo = &config.model_repository;
-        let repository = Repository::new(repo.path.clone(), config.model_defaults(), runtime, pool);
+        let repository = Repository::new(
+            repo.path.clone(),
+            repo.model_name.clone(),
+            config.model_defaults(),
+            runtime,
+            pool,
+        );
         // Watcher → repository task: "something changed, rescan".
         let (rescan_tx, rescan_rx) = tokio::sync::mpsc::unbounded_channel();
         let watcher = repository::watcher::watch(

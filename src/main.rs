@@ -36,6 +36,11 @@ enum Command {
         /// Folder holding one sub-folder per model [config: model_repository.path].
         #[arg(long, value_name = "DIR")]
         model_repository: Option<PathBuf>,
+        /// Serve the repository folder itself as this one model: the folder holds
+        /// model.onnx (or exactly one *.onnx) and optionally model-settings.json, as
+        /// KServe's storage initializer writes /mnt/models [config: model_repository.model_name].
+        #[arg(long, value_name = "NAME")]
+        model_name: Option<String>,
         /// Address to listen on [config: http.host; default 0.0.0.0].
         #[arg(long, value_name = "ADDR")]
         host: Option<IpAddr>,
@@ -52,7 +57,7 @@ enum Command {
     },
     /// Validate one model folder (settings and ONNX file) and print its signature, without serving.
     Check {
-        /// The model folder (holding model-settings.json).
+        /// The model folder (model-settings.json and/or one *.onnx file).
         dir: PathBuf,
         /// Configuration file, for the server-wide model defaults.
         #[arg(long, value_name = "FILE")]
@@ -77,6 +82,7 @@ fn main() -> ExitCode {
         Command::Serve {
             config,
             model_repository,
+            model_name,
             host,
             http_port,
             grpc_port,
@@ -84,6 +90,7 @@ fn main() -> ExitCode {
         } => {
             let cli = CliOverrides {
                 model_repository,
+                model_name,
                 host,
                 http_port,
                 grpc_port,
@@ -161,8 +168,17 @@ fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    let settings = match sluice::repository::scan::read_settings(dir, &cfg.model_defaults()) {
-        Ok(s) => s,
+    // The folder's parent is the repository an absolute `parameters.uri` must stay inside.
+    let root = dir.canonicalize().ok().and_then(|d| d.parent().map(Path::to_path_buf));
+    let root = root.unwrap_or_else(|| dir.to_path_buf());
+    let settings = match sluice::repository::scan::read_folder(&root, dir, &cfg.model_defaults()) {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            return fail(format!(
+                "{}: no model-settings.json and no *.onnx file: not a model folder",
+                dir.display()
+            ))
+        }
         Err(e) => return fail(e),
     };
     let rt = match runtime(&cfg) {
@@ -174,6 +190,9 @@ fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
         Ok(l) => l,
         Err(e) => return fail(format!("model `{}`: {e}", settings.name)),
     };
+    if let Err(e) = settings.check_declared(&loaded.signature) {
+        return fail(format!("model `{}`: {e}", settings.name));
+    }
     println!("model {} OK ({})", settings.name, path.display());
     println!("provider: {}", loaded.provider_reason);
     let batching = if loaded.signature.batchable() {

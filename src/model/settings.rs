@@ -7,12 +7,14 @@
 //! [`ModelSettings::requires_new_sessions`] is hot reload's `ConfigChangeRequiresReload`.
 
 use std::fmt;
-use std::path::{Component, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
+
+use crate::tensor::{DataType, Signature};
 
 /// How a model's batcher decides to close a batch (SPEC §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -221,6 +223,27 @@ pub struct ModelSettings {
     pub warmup: bool,
     /// CUDA provider options.
     pub cuda: CudaOptions,
+    /// The signature the file declares (MLServer's `inputs` / `outputs`), checked against the
+    /// ONNX file's at load time; `None` where not declared.
+    pub declared: Declared,
+    /// MLServer fields that were accepted (type-checked) but have no effect in sluice, for a log
+    /// line at load: `implementation`, `parallel_workers`, `parameters.content_type`, ...
+    pub unused: Vec<String>,
+}
+
+/// MLServer's declared `inputs` and `outputs` (ModelMesh's MLServer adapter writes them).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct Declared {
+    pub inputs: Option<Vec<DeclaredTensor>>,
+    pub outputs: Option<Vec<DeclaredTensor>>,
+}
+
+/// One declared tensor: its name, and its datatype and shape when given (`-1` = any size).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeclaredTensor {
+    pub name: String,
+    pub datatype: Option<DataType>,
+    pub shape: Option<Vec<i64>>,
 }
 
 /// Every problem found in a `model-settings.json`, each starting with its field path in
@@ -255,16 +278,14 @@ pub fn validate_model_name(name: &str) -> Result<(), String> {
 
 /// The known fields of each object, space-separated.
 const TOP: &str = "name parameters max_batch_size max_batch_time batch_policy max_queue_size timeout \
-                   instances execution_provider device_ids intra_op_threads warmup cuda batcher";
-const PARAMETERS: &str = "uri version";
+                   instances execution_provider device_ids intra_op_threads warmup cuda batcher \
+                   inputs outputs implementation parallel_workers warm_workers platform versions cache_enabled";
+const PARAMETERS: &str = "uri version content_type format extra";
 const CUDA: &str = "gpu_mem_limit arena_extend_strategy cudnn_conv_algo_search do_copy_in_default_stream";
 const BATCHER: &str = "maxBatchSize maxLatency timeout";
-/// Fields of MLServer's or KServe's own settings that sluice does not take, with a hint.
-const FOREIGN: &[(&str, &str)] = &[
-    ("implementation", "sluice serves ONNX files itself; remove it"),
-    ("parallel_workers", "use `instances` for sessions per model"),
-    ("platform", "sluice serves ONNX files only; remove it"),
-];
+const TENSOR: &str = "name datatype shape parameters";
+/// The file name a `model-settings.json` without `parameters.uri` points at.
+pub const DEFAULT_URI: &str = "model.onnx";
 
 impl ModelSettings {
     /// Parses the JSON text of model-settings.json; `folder_name` is the model folder's name
@@ -274,6 +295,17 @@ impl ModelSettings {
         json: &str,
         folder_name: &str,
         defaults: &ModelDefaults,
+    ) -> Result<ModelSettings, SettingsError> {
+        Self::parse_with_uri(json, folder_name, defaults, Path::new(DEFAULT_URI))
+    }
+
+    /// [`ModelSettings::parse`], with `default_uri` as the ONNX file when `parameters.uri` is not
+    /// given (the repository scan passes the folder's only `*.onnx` when there is no `model.onnx`).
+    pub fn parse_with_uri(
+        json: &str,
+        folder_name: &str,
+        defaults: &ModelDefaults,
+        default_uri: &Path,
     ) -> Result<ModelSettings, SettingsError> {
         let root: Value = serde_json::from_str(json).map_err(|e| SettingsError {
             problems: vec![format!("invalid JSON: {e}")],
@@ -304,9 +336,9 @@ impl ModelSettings {
         let params = get(top, "parameters").and_then(|v| w.object(v, "parameters.", PARAMETERS));
         let uri = match params.and_then(|p| get(p, "uri")) {
             Some(v) => w
-                .string(v, "parameters.uri", "a relative path")
+                .string(v, "parameters.uri", "a path")
                 .and_then(|s| w.uri(s)),
-            None => Some(PathBuf::from("model.onnx")),
+            None => Some(default_uri.to_path_buf()),
         };
         let version = params.and_then(|p| get(p, "version")).and_then(|v| {
             let expected = "1 to 64 characters of [A-Za-z0-9_.-]";
@@ -392,6 +424,12 @@ impl ModelSettings {
             );
         }
 
+        let declared = Declared {
+            inputs: get(top, "inputs").and_then(|v| w.tensors(v, "inputs", TENSOR)),
+            outputs: get(top, "outputs").and_then(|v| w.tensors(v, "outputs", TENSOR)),
+        };
+        let unused = w.unused(top, params);
+
         if !w.problems.is_empty() {
             return Err(SettingsError { problems: w.problems });
         }
@@ -412,7 +450,52 @@ impl ModelSettings {
             intra_op_threads,
             warmup: warmup.unwrap_or(defaults.warmup),
             cuda,
+            declared,
+            unused,
         })
+    }
+
+    /// Checks the declared `inputs` / `outputs` against the ONNX file's signature: each declared
+    /// tensor must exist with the declared datatype and a compatible shape (a declared `-1`
+    /// matches any size; a shape one dim shorter than the file's is taken without the batch
+    /// dim, as Triton writes it). The error names every mismatch.
+    pub fn check_declared(&self, signature: &Signature) -> Result<(), String> {
+        let mut problems = Vec::new();
+        for (field, declared, actual) in [
+            ("inputs", &self.declared.inputs, &signature.inputs),
+            ("outputs", &self.declared.outputs, &signature.outputs),
+        ] {
+            for (i, d) in declared.iter().flatten().enumerate() {
+                let Some(a) = actual.iter().find(|a| a.name == d.name) else {
+                    let names: Vec<&str> = actual.iter().map(|a| a.name.as_str()).collect();
+                    problems.push(format!(
+                        "`{field}[{i}]` declares `{}`, which the ONNX file does not have (its {field}: `{}`)",
+                        d.name,
+                        names.join("`, `")
+                    ));
+                    continue;
+                };
+                if let Some(dt) = d.datatype.filter(|dt| *dt != a.dtype) {
+                    problems.push(format!(
+                        "`{field}[{i}].datatype` of `{}` is {dt}, but the ONNX file says {}",
+                        d.name, a.dtype
+                    ));
+                }
+                if let Some(shape) = d.shape.as_ref().filter(|s| !shape_fits(s, &a.shape)) {
+                    problems.push(format!(
+                        "`{field}[{i}].shape` of `{}` is {shape:?}, but the ONNX file says {:?} (-1: any size)",
+                        d.name, a.shape
+                    ));
+                }
+            }
+        }
+        match problems.is_empty() {
+            true => Ok(()),
+            false => Err(format!(
+                "model-settings.json declares a signature the ONNX file does not have: {}",
+                problems.join("; ")
+            )),
+        }
     }
 
     /// True when going from `self` to `new` needs new ONNX Runtime sessions: anything other than
@@ -423,8 +506,20 @@ impl ModelSettings {
         let mut same_sessions = new.clone();
         same_sessions.batching = self.batching;
         same_sessions.version.clone_from(&self.version);
+        same_sessions.unused.clone_from(&self.unused);
         same_sessions != *self
     }
+}
+
+/// True when a declared shape fits the file's: same rank (or one less, without the batch dim),
+/// and equal sizes wherever both are fixed.
+fn shape_fits(declared: &[i64], actual: &[i64]) -> bool {
+    let actual = match actual.len().checked_sub(declared.len()) {
+        Some(0) => actual,
+        Some(1) => &actual[1..],
+        _ => return false,
+    };
+    declared.iter().zip(actual).all(|(d, a)| *d < 0 || *a < 0 || d == a)
 }
 
 /// Serializes a duration as fractional seconds.

@@ -30,6 +30,14 @@ pub async fn build(
         .await
         .map_err(|e| format!("loading panicked: {e}"))?
         .map_err(|e| error_chain(&e))?;
+    settings.check_declared(&loaded.signature)?;
+    if !settings.unused.is_empty() {
+        tracing::info!(
+            model = %name,
+            fields = %settings.unused.join(", "),
+            "MLServer fields accepted but not used by sluice"
+        );
+    }
     if settings.batching.batching_enabled() && !loaded.signature.batchable() {
         tracing::warn!(
             model = %name,

@@ -112,6 +112,8 @@ struct Tracked {
 /// The repository task's state.
 pub struct Repository {
     root: PathBuf,
+    /// `--model-name`: the root is this one model's folder (KServe's `/mnt/models`).
+    model_name: Option<String>,
     defaults: ModelDefaults,
     runtime: Arc<dyn Runtime>,
     pool: Arc<Pool>,
@@ -123,12 +125,14 @@ pub struct Repository {
 impl Repository {
     pub fn new(
         root: PathBuf,
+        model_name: Option<String>,
         defaults: ModelDefaults,
         runtime: Arc<dyn Runtime>,
         pool: Arc<Pool>,
     ) -> Repository {
         Repository {
             root,
+            model_name,
             defaults,
             runtime,
             pool,
@@ -183,7 +187,7 @@ impl Repository {
 
     /// Scans the folder and applies every difference.
     async fn rescan(&mut self) -> Result<(), String> {
-        let dirs = scan::scan(&self.root, &self.defaults)?;
+        let dirs = scan::scan(&self.layout())?;
         let present: Vec<String> = dirs.iter().map(|d| d.folder.clone()).collect();
         let gone: Vec<String> = self
             .tracked
@@ -405,10 +409,18 @@ impl Repository {
         if let Some(why) = scan::outside_repository(&self.root, &self.root.join(name)) {
             return Err(Error::invalid(why));
         }
-        let dirs = scan::scan(&self.root, &self.defaults).map_err(Error::invalid)?;
+        let dirs = scan::scan(&self.layout()).map_err(Error::invalid)?;
         dirs.into_iter()
             .find(|d| d.name() == name || d.folder == name)
             .ok_or_else(|| Error::NotFound(format!("model `{name}`: no folder of the repository holds it")))
+    }
+
+    fn layout(&self) -> scan::Layout<'_> {
+        scan::Layout {
+            root: &self.root,
+            model_name: self.model_name.as_deref(),
+            defaults: &self.defaults,
+        }
     }
 
     fn publish(

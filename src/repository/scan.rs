@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::model::settings::{ModelDefaults, ModelSettings};
+use crate::model::settings::{ModelDefaults, ModelSettings, DEFAULT_URI};
 
 /// The settings file every model folder holds.
 pub const SETTINGS_FILE: &str = "model-settings.json";
@@ -26,15 +26,90 @@ impl ModelDir {
     }
 }
 
-/// Reads and validates `dir/model-settings.json`.
-pub fn read_settings(dir: &Path, defaults: &ModelDefaults) -> Result<ModelSettings, String> {
-    let file = dir.join(SETTINGS_FILE);
+/// Where a repository's models are: one sub-folder per model, or (with a
+/// model name, as KServe's storage initializer writes `/mnt/models`) the
+/// root folder itself is the one model's folder.
+#[derive(Debug, Clone, Copy)]
+pub struct Layout<'a> {
+    pub root: &'a Path,
+    /// `--model-name`: the root is the folder of this one model.
+    pub model_name: Option<&'a str>,
+    pub defaults: &'a ModelDefaults,
+}
+
+/// Reads and validates the model folder `dir` of the repository `root`:
+/// its `model-settings.json`, or default settings when it has none but holds
+/// exactly one `*.onnx` file. `Ok(None)`: the folder holds neither (it is not
+/// a model folder). Without `parameters.uri`, the file is `model.onnx`, else
+/// the folder's only `*.onnx`. An absolute `parameters.uri` must lead inside
+/// `root`. Messages name the file.
+pub fn read_folder(root: &Path, dir: &Path, defaults: &ModelDefaults) -> Result<Option<ModelSettings>, String> {
     let folder = dir
         .file_name()
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let text = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-    ModelSettings::parse(&text, &folder, defaults).map_err(|e| format!("{}: {e}", file.display()))
+    let file = dir.join(SETTINGS_FILE);
+    let onnx = onnx_files(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let default_uri = match onnx.as_slice() {
+        [only] if !onnx.iter().any(|f| f == DEFAULT_URI) => PathBuf::from(only),
+        _ => PathBuf::from(DEFAULT_URI),
+    };
+    let text = match std::fs::read_to_string(&file) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match onnx.as_slice() {
+            [] => return Ok(None),
+            [_] => "{}".to_string(),
+            many => {
+                return Err(format!(
+                    "{}: no {SETTINGS_FILE} and {} ONNX files (`{}`): add a {SETTINGS_FILE} whose `parameters.uri` names the model file",
+                    dir.display(),
+                    many.len(),
+                    many.join("`, `")
+                ))
+            }
+        },
+        Err(e) => return Err(format!("{}: {e}", file.display())),
+    };
+    let settings = ModelSettings::parse_with_uri(&text, &folder, defaults, &default_uri)
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    if settings.uri.is_absolute() {
+        check_inside(root, &settings.uri).map_err(|e| format!("{}: {e}", file.display()))?;
+    }
+    Ok(Some(settings))
+}
+
+/// An absolute `parameters.uri` is allowed where it leads (symlinks followed)
+/// inside the repository, as ModelMesh's MLServer adapter writes it.
+fn check_inside(root: &Path, uri: &Path) -> Result<(), String> {
+    let root = root.canonicalize().map_err(|e| format!("model repository {}: {e}", root.display()))?;
+    // The folder must exist; the file may be missing (loading then says so).
+    let parent = uri.parent().unwrap_or(uri);
+    let inside = match parent.canonicalize() {
+        Ok(real) => real.starts_with(&root),
+        Err(_) => uri.starts_with(&root),
+    };
+    match inside {
+        true => Ok(()),
+        false => Err(format!(
+            "`parameters.uri` {:?} is outside the model repository {}; an absolute uri must lead inside it",
+            uri.display().to_string(),
+            root.display()
+        )),
+    }
+}
+
+/// The names of the regular `*.onnx` files directly in `dir`, sorted.
+fn onnx_files(dir: &Path) -> std::io::Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".onnx") && !name.starts_with('.') && entry.path().is_file() {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
 }
 
 /// Why the entry `dir` of the repository `root` must not be served: it
@@ -58,10 +133,15 @@ pub fn outside_repository(root: &Path, dir: &Path) -> Option<String> {
     ))
 }
 
-/// Lists the model folders of `root` (sub-folders holding a
-/// `model-settings.json`; hidden folders, such as a ConfigMap's `..data`, are
-/// skipped, and so are symlinks that lead outside `root`), sorted by folder name.
-pub fn scan(root: &Path, defaults: &ModelDefaults) -> Result<Vec<ModelDir>, String> {
+/// Lists the models of the repository, sorted by folder name. Each
+/// sub-folder holding a `model-settings.json` or exactly one `*.onnx` is a
+/// model; hidden folders (a ConfigMap's `..data`) and symlinks that lead
+/// outside the root are skipped. With `model_name`, the root is the one model.
+pub fn scan(layout: &Layout) -> Result<Vec<ModelDir>, String> {
+    let root = layout.root;
+    if let Some(name) = layout.model_name {
+        return Ok(vec![single(layout, name)]);
+    }
     let entries = std::fs::read_dir(root).map_err(|e| format!("model repository {}: {e}", root.display()))?;
     let mut dirs = Vec::new();
     for entry in entries.flatten() {
@@ -73,11 +153,14 @@ pub fn scan(root: &Path, defaults: &ModelDefaults) -> Result<Vec<ModelDir>, Stri
         if outside_repository(root, &dir).is_some() {
             continue;
         }
-        if !dir.join(SETTINGS_FILE).is_file() {
-            tracing::warn!(folder = %dir.display(), "skipping folder without {SETTINGS_FILE}");
-            continue;
-        }
-        let settings = read_settings(&dir, defaults);
+        let settings = match read_folder(root, &dir, layout.defaults) {
+            Ok(None) => {
+                tracing::debug!(folder = %dir.display(), "skipping folder without {SETTINGS_FILE} or *.onnx file");
+                continue;
+            }
+            Ok(Some(s)) => Ok(s),
+            Err(e) => Err(e),
+        };
         dirs.push(ModelDir {
             folder,
             dir,
@@ -86,6 +169,31 @@ pub fn scan(root: &Path, defaults: &ModelDefaults) -> Result<Vec<ModelDir>, Stri
     }
     dirs.sort_by(|a, b| a.folder.cmp(&b.folder));
     Ok(dirs)
+}
+
+/// The root as the folder of the one model `name` (its settings' `name`, if
+/// any, gives way: KServe routes requests by the InferenceService's name).
+fn single(layout: &Layout, name: &str) -> ModelDir {
+    let root = layout.root;
+    let settings = match read_folder(root, root, layout.defaults) {
+        Ok(Some(mut s)) => {
+            if s.name != name && root.join(SETTINGS_FILE).is_file() {
+                tracing::warn!(model = %name, settings_name = %s.name, "--model-name overrides the `name` of {SETTINGS_FILE}");
+            }
+            s.name = name.to_string();
+            Ok(s)
+        }
+        Ok(None) => Err(format!(
+            "{}: no {DEFAULT_URI}, no other *.onnx file and no {SETTINGS_FILE}: nothing to serve as model `{name}`",
+            root.display()
+        )),
+        Err(e) => Err(e),
+    };
+    ModelDir {
+        folder: name.to_string(),
+        dir: root.to_path_buf(),
+        settings,
+    }
 }
 
 #[cfg(test)]
@@ -114,6 +222,86 @@ mod tests {
         let rel = pathdiff(root, &cwd);
         assert!(outside_repository(&rel, &rel.join("out")).is_some());
         assert_eq!(outside_repository(&rel, &rel.join("alias")), None);
+    }
+
+    fn write(path: &Path, text: &str) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+
+    fn layout<'a>(root: &'a Path, model_name: Option<&'a str>, defaults: &'a ModelDefaults) -> Layout<'a> {
+        Layout {
+            root,
+            model_name,
+            defaults,
+        }
+    }
+
+    #[test]
+    fn bare_folders_with_one_onnx_file_are_models_with_default_settings() {
+        let repo = tempfile::tempdir().unwrap();
+        let root = repo.path();
+        write(&root.join("bare/resnet.onnx"), "x");
+        write(&root.join("two/a.onnx"), "x");
+        write(&root.join("two/b.onnx"), "x");
+        write(&root.join("empty/README"), "x");
+        write(&root.join("named/model-settings.json"), "{}");
+        write(&root.join("named/weights.onnx"), "x");
+        write(&root.join("both/model.onnx"), "x");
+        write(&root.join("both/other.onnx"), "x");
+        write(&root.join("both/model-settings.json"), r#"{"max_batch_size": 4}"#);
+        let d = ModelDefaults::default();
+        let dirs = scan(&layout(root, None, &d)).unwrap();
+        let folders: Vec<&str> = dirs.iter().map(|m| m.folder.as_str()).collect();
+        assert_eq!(folders, ["bare", "both", "named", "two"]);
+        let bare = dirs[0].settings.as_ref().unwrap();
+        assert_eq!((bare.name.as_str(), bare.uri.as_path()), ("bare", Path::new("resnet.onnx")));
+        assert_eq!(bare.batching.max_batch_size, 32);
+        let both = dirs[1].settings.as_ref().unwrap();
+        assert_eq!((both.uri.as_path(), both.batching.max_batch_size), (Path::new("model.onnx"), 4));
+        assert_eq!(dirs[2].settings.as_ref().unwrap().uri, Path::new("weights.onnx"));
+        let two = dirs[3].settings.as_ref().unwrap_err();
+        assert!(two.contains("2 ONNX files (`a.onnx`, `b.onnx`)") && two.contains("parameters.uri"), "{two}");
+    }
+
+    #[test]
+    fn absolute_uris_must_lead_inside_the_repository() {
+        let repo = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let root = repo.path();
+        let inside = root.join("shared/model.onnx");
+        write(&inside, "x");
+        write(&elsewhere.path().join("model.onnx"), "x");
+        std::os::unix::fs::symlink(elsewhere.path(), root.join("link")).unwrap();
+        let d = ModelDefaults::default();
+        let settings = |uri: &Path| format!(r#"{{"parameters": {{"uri": {:?}}}}}"#, uri.display().to_string());
+        write(&root.join("in/model-settings.json"), &settings(&inside));
+        write(&root.join("out/model-settings.json"), &settings(&elsewhere.path().join("model.onnx")));
+        write(&root.join("via-link/model-settings.json"), &settings(&root.join("link/model.onnx")));
+        let dirs = scan(&layout(root, None, &d)).unwrap();
+        let by = |f: &str| &dirs.iter().find(|m| m.folder == f).unwrap().settings;
+        assert_eq!(by("in").as_ref().unwrap().uri, inside);
+        for refused in ["out", "via-link"] {
+            let e = by(refused).as_ref().unwrap_err();
+            assert!(e.contains("is outside the model repository") && e.contains("parameters.uri"), "{e}");
+        }
+    }
+
+    #[test]
+    fn with_a_model_name_the_root_is_the_one_model() {
+        let repo = tempfile::tempdir().unwrap();
+        let root = repo.path();
+        let d = ModelDefaults::default();
+        let empty = scan(&layout(root, Some("m"), &d)).unwrap();
+        let e = empty[0].settings.as_ref().unwrap_err();
+        assert!(e.contains("nothing to serve as model `m`"), "{e}");
+        write(&root.join("model.onnx"), "x");
+        let one = scan(&layout(root, Some("m"), &d)).unwrap();
+        assert_eq!((one.len(), one[0].name(), one[0].dir.as_path()), (1, "m", root));
+        // A settings file's `name` gives way to --model-name (KServe routes by it).
+        write(&root.join("model-settings.json"), r#"{"name": "other", "max_batch_size": 8}"#);
+        let s = scan(&layout(root, Some("m"), &d)).unwrap().remove(0).settings.unwrap();
+        assert_eq!((s.name.as_str(), s.batching.max_batch_size), ("m", 8));
     }
 
     /// `path` relative to `base` (both absolute), with `..` steps.

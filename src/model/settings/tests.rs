@@ -72,6 +72,8 @@ fn full_file_with_every_field() {
         intra_op_threads: Some(4),
         warmup: false,
         cuda,
+        declared: Declared::default(),
+        unused: Vec::new(),
     };
     assert_eq!(s, expected);
 }
@@ -196,16 +198,76 @@ fn unknown_fields_are_named_with_path_and_suggestion() {
 }
 
 #[test]
-fn unknown_fields_without_suggestion_list_the_known_ones_or_hint() {
+fn unknown_fields_without_suggestion_list_the_known_ones() {
     assert_eq!(
-        problems(r#"{"parameters": {"content_type": "np"}}"#),
-        ["`parameters.content_type` is an unknown field (known fields: `uri`, `version`)"]
+        problems(r#"{"parameters": {"environment_tarball": "env.tar.gz"}}"#),
+        ["`parameters.environment_tarball` is an unknown field (known fields: `uri`, `version`, `content_type`, `format`, `extra`)"]
+    );
+    let p = problems(r#"{"inputs": [{"name": "x", "dims": [1]}]}"#);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(p[0].starts_with("`inputs[0].dims` is an unknown field"), "{p:?}");
+}
+
+#[test]
+fn mlserver_fields_are_accepted_type_checked_and_named_as_unused() {
+    let s = ok(r#"{"implementation": "mlserver_sklearn.SKLearnModel", "parallel_workers": 2,
+        "warm_workers": false, "platform": "onnx", "versions": ["1"], "cache_enabled": false,
+        "parameters": {"uri": "model.onnx", "content_type": "np", "format": "onnx", "extra": {"k": 1}}}"#);
+    assert_eq!(
+        s.unused,
+        [
+            "implementation", "parallel_workers", "warm_workers", "platform", "versions",
+            "cache_enabled", "parameters.content_type", "parameters.format", "parameters.extra"
+        ]
     );
     assert_eq!(
-        problems(r#"{"implementation": "mlserver_sklearn.SKLearnModel", "parallel_workers": 2}"#),
+        problems(r#"{"implementation": 3, "parallel_workers": -1, "versions": [1], "parameters": {"extra": []}}"#),
         [
-            "`implementation` is an unknown field (sluice serves ONNX files itself; remove it)",
-            "`parallel_workers` is an unknown field (use `instances` for sessions per model)",
+            "`implementation` must be a string, got 3",
+            "`parallel_workers` must be a non-negative integer, got -1",
+            "`versions` must be an array of strings, got [1]",
+            "`parameters.extra` must be an object, got []",
+        ]
+    );
+    // Accepted-but-unused fields never need new sessions.
+    let plain = ok("{}");
+    assert!(!plain.requires_new_sessions(&ok(r#"{"implementation": "x"}"#)));
+}
+
+#[test]
+fn declared_inputs_and_outputs_parse_and_check_against_the_signature() {
+    use crate::tensor::{Signature, TensorSpec};
+    let s = ok(r#"{"inputs": [{"name": "input", "datatype": "FP32", "shape": [-1, 64], "parameters": {}}],
+                   "outputs": [{"name": "label", "datatype": "INT64"}, {"name": "probabilities", "shape": [10]}]}"#);
+    let spec = |name: &str, dtype, shape: &[i64]| TensorSpec {
+        name: name.into(),
+        dtype,
+        shape: shape.to_vec(),
+    };
+    let sig = Signature {
+        inputs: vec![spec("input", DataType::F32, &[-1, 64])],
+        outputs: vec![
+            spec("label", DataType::I64, &[-1]),
+            spec("probabilities", DataType::F32, &[-1, 10]),
+        ],
+    };
+    s.check_declared(&sig).unwrap();
+    let bad = ok(r#"{"inputs": [{"name": "input", "datatype": "FP64", "shape": [-1, 8]}, {"name": "extra"}],
+                     "outputs": [{"name": "label", "shape": [1, 2, 3]}]}"#);
+    let err = bad.check_declared(&sig).unwrap_err();
+    for part in [
+        "`inputs[0].datatype` of `input` is FP64, but the ONNX file says FP32",
+        "`inputs[0].shape` of `input` is [-1, 8], but the ONNX file says [-1, 64]",
+        "`inputs[1]` declares `extra`, which the ONNX file does not have (its inputs: `input`)",
+        "`outputs[0].shape` of `label` is [1, 2, 3]",
+    ] {
+        assert!(err.contains(part), "{part} not in {err}");
+    }
+    assert_eq!(
+        problems(r#"{"inputs": [{"datatype": "FLOAT", "shape": [1.5]}], "outputs": {}}"#),
+        [
+            "`inputs[0].name` is missing",
+            "`outputs` must be an array of {\"name\", \"datatype\", \"shape\"} objects, got {}",
         ]
     );
 }
@@ -402,7 +464,7 @@ fn invalid_folder_name_needs_an_explicit_name() {
 #[test]
 fn uri_must_stay_inside_the_folder() {
     let cases = [
-        ("/etc/model.onnx", "absolute paths are not allowed"),
+        ("C:/model.onnx", "Windows paths are not allowed"),
         ("../other/model.onnx", "`..` is not allowed"),
         ("sub/../../x.onnx", "`..` is not allowed"),
         ("", "it is empty"),
@@ -411,7 +473,7 @@ fn uri_must_stay_inside_the_folder() {
     for (uri, why) in cases {
         let p = problems(&format!(r#"{{"parameters": {{"uri": "{uri}"}}}}"#));
         let expected = format!(
-            "`parameters.uri` must be a relative path to a file inside the model folder, got {uri:?} ({why})"
+            "`parameters.uri` must be a path to a file inside the model folder (or an absolute path inside the repository), got {uri:?} ({why})"
         );
         assert_eq!(p, [expected]);
     }
@@ -419,9 +481,14 @@ fn uri_must_stay_inside_the_folder() {
         ok(r#"{"parameters": {"uri": "./a/./b.onnx"}}"#).uri,
         PathBuf::from("a/b.onnx")
     );
+    // Absolute paths parse; the repository scan checks they lead inside the repository.
+    assert_eq!(
+        ok(r#"{"parameters": {"uri": "/models/m/./model.onnx"}}"#).uri,
+        PathBuf::from("/models/m/model.onnx")
+    );
     assert_eq!(
         problems(r#"{"parameters": {"uri": 3}}"#),
-        ["`parameters.uri` must be a relative path, got 3"]
+        ["`parameters.uri` must be a path, got 3"]
     );
 }
 

@@ -75,10 +75,8 @@ impl Walker {
         };
         let fields = || known.split_whitespace();
         for key in obj.keys().filter(|k| !fields().any(|f| f == k.as_str())) {
-            let foreign = FOREIGN.iter().find(|(f, _)| prefix.is_empty() && f == key);
-            let hint = match (foreign, fields().map(|f| (edit_distance(key, f), f)).min()) {
-                (Some((_, hint)), _) => hint.to_string(),
-                (None, Some((..=2, f))) => format!("did you mean `{prefix}{f}`?"),
+            let hint = match fields().map(|f| (edit_distance(key, f), f)).min() {
+                Some((..=2, f)) => format!("did you mean `{prefix}{f}`?"),
                 _ => format!("known fields: `{}`", fields().collect::<Vec<_>>().join("`, `")),
             };
             let problem = format!("`{prefix}{key}` is an unknown field ({hint})");
@@ -141,14 +139,15 @@ impl Walker {
         })
     }
 
-    /// A relative path inside the model folder, with `.` components removed.
+    /// A path relative to the model folder, or absolute (the repository scan then checks that
+    /// it stays inside the repository), with `.` components removed.
     pub(super) fn uri(&mut self, s: &str) -> Option<PathBuf> {
-        let expected = "a relative path to a file inside the model folder";
+        let expected = "a path to a file inside the model folder (or an absolute path inside the repository)";
         let path = std::path::Path::new(s);
         let why = if s.is_empty() {
             "it is empty"
-        } else if path.has_root() || s.starts_with('\\') || s.get(1..2) == Some(":") {
-            "absolute paths are not allowed"
+        } else if s.starts_with('\\') || s.get(1..2) == Some(":") {
+            "Windows paths are not allowed"
         } else if path.components().any(|c| c == Component::ParentDir) {
             "`..` is not allowed"
         } else {
@@ -159,6 +158,84 @@ impl Walker {
             "it names no file"
         };
         self.push(format!("`parameters.uri` must be {expected}, got {s:?} ({why})"))
+    }
+
+    /// MLServer's `inputs` / `outputs`: an array of `{name, datatype?, shape?, parameters?}`.
+    pub(super) fn tensors(&mut self, v: &Value, path: &str, known: &str) -> Option<Vec<DeclaredTensor>> {
+        let Some(items) = v.as_array() else {
+            return self.bad(path, "an array of {\"name\", \"datatype\", \"shape\"} objects", v);
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let at = format!("{path}[{i}]");
+            let Some(obj) = self.object(item, &format!("{at}."), known) else {
+                continue;
+            };
+            let Some(name) = get(obj, "name").and_then(|n| self.string(n, &format!("{at}.name"), "a string")) else {
+                if get(obj, "name").is_none() {
+                    self.problems.push(format!("`{at}.name` is missing"));
+                }
+                continue;
+            };
+            let datatype = get(obj, "datatype").and_then(|d| {
+                let expected = "an Open Inference Protocol datatype such as \"FP32\" or \"INT64\"";
+                d.as_str()
+                    .and_then(DataType::parse)
+                    .or_else(|| self.bad(&format!("{at}.datatype"), expected, d))
+            });
+            let shape = get(obj, "shape").and_then(|s| {
+                let dims = s.as_array().map(|a| a.iter().map(Value::as_i64).collect::<Option<Vec<i64>>>());
+                match dims.flatten() {
+                    Some(d) if d.iter().all(|n| *n >= -1) => Some(d),
+                    _ => self.bad(&format!("{at}.shape"), "an array of integers (-1 for any size)", s),
+                }
+            });
+            if let Some(p) = get(obj, "parameters") {
+                if !p.is_object() {
+                    self.bad::<()>(&format!("{at}.parameters"), "an object", p);
+                }
+            }
+            out.push(DeclaredTensor {
+                name: name.to_owned(),
+                datatype,
+                shape,
+            });
+        }
+        Some(out)
+    }
+
+    /// Type-checks MLServer's fields that sluice accepts but does not use, and names the ones given.
+    pub(super) fn unused(&mut self, top: &Map<String, Value>, params: Option<&Map<String, Value>>) -> Vec<String> {
+        type Check = fn(&Value) -> bool;
+        let string: Check = Value::is_string;
+        let boolean: Check = Value::is_boolean;
+        let fields: [(&str, Option<&Value>, &str, Check); 8] = [
+            ("implementation", get(top, "implementation"), "a string", string),
+            ("parallel_workers", get(top, "parallel_workers"), "a non-negative integer", |v| v.is_u64()),
+            ("warm_workers", get(top, "warm_workers"), "true or false", boolean),
+            ("platform", get(top, "platform"), "a string", string),
+            ("versions", get(top, "versions"), "an array of strings", |v| {
+                v.as_array().is_some_and(|a| a.iter().all(Value::is_string))
+            }),
+            ("cache_enabled", get(top, "cache_enabled"), "true or false", boolean),
+            ("parameters.content_type", params.and_then(|p| get(p, "content_type")), "a string", string),
+            ("parameters.format", params.and_then(|p| get(p, "format")), "a string", string),
+        ];
+        let mut given = Vec::new();
+        for (path, value, expected, ok) in fields {
+            match value {
+                Some(v) if ok(v) => given.push(path.to_owned()),
+                Some(v) => self.bad::<()>(path, expected, v).unwrap_or_default(),
+                None => {}
+            }
+        }
+        if let Some(v) = params.and_then(|p| get(p, "extra")) {
+            match v.is_object() {
+                true => given.push("parameters.extra".to_owned()),
+                false => self.bad::<()>("parameters.extra", "an object", v).unwrap_or_default(),
+            }
+        }
+        given
     }
 
     pub(super) fn device_ids(&mut self, v: &Value) -> Vec<u32> {
