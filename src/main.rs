@@ -169,9 +169,16 @@ fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
         Err(e) => return fail(e),
     };
     // The folder's parent is the repository an absolute `parameters.uri` must stay inside.
-    let root = dir.canonicalize().ok().and_then(|d| d.parent().map(Path::to_path_buf));
+    let root = dir
+        .canonicalize()
+        .ok()
+        .and_then(|d| d.parent().map(Path::to_path_buf));
     let root = root.unwrap_or_else(|| dir.to_path_buf());
-    let settings = match sluice::repository::scan::read_folder(&root, dir, &cfg.model_defaults()) {
+    let folder = dir
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let settings = match sluice::repository::scan::read_folder(&root, dir, &folder, &cfg.model_defaults()) {
         Ok(Some(s)) => s,
         Ok(None) => {
             return fail(format!(

@@ -135,6 +135,7 @@ fn help_mentions_every_flag() {
     for flag in [
         "--config",
         "--model-repository",
+        "--model-name",
         "--host",
         "--http-port",
         "--grpc-port",
@@ -222,25 +223,21 @@ impl Lines {
     }
 }
 
-#[tokio::test]
-async fn serve_on_port_0_logs_the_port_serves_and_exits_0_on_sigterm() {
-    let repo = repo_with(&["digits", "scalar_out"]);
-    let mut cmd = sluice();
-    // MLServer-style global default: applies where model-settings.json is silent.
-    cmd.env("SLUICE_MODEL_MAX_BATCH_SIZE", "4")
-        .args([
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--http-port",
-            "0",
-            "--grpc-port",
-            "0",
-            "--model-repository",
-        ])
-        .arg(repo.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+/// Starts `sluice serve` on 127.0.0.1 with ports 0, `args` added, and
+/// returns it with its stderr lines and the HTTP port it logged.
+fn spawn_serve(mut cmd: Command, args: &[&std::ffi::OsStr]) -> (Reaped, Lines, u16) {
+    cmd.args([
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+    ])
+    .args(args)
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
     let mut child = Reaped(cmd.spawn().unwrap());
     let mut log = Lines::new(&mut child);
     let listening = log.wait_for(&["sluice listening", "http=127.0.0.1:"], Duration::from_secs(30));
@@ -254,18 +251,74 @@ async fn serve_on_port_0_logs_the_port_serves_and_exits_0_on_sigterm() {
         .parse()
         .unwrap();
     assert_ne!(port, 0);
+    (child, log, port)
+}
 
-    let client = reqwest::Client::new();
-    let url = |p: &str| format!("http://127.0.0.1:{port}{p}");
+/// Waits until `GET /v2/health/ready` answers 200.
+async fn wait_ready(client: &reqwest::Client, port: u16) {
     let t0 = Instant::now();
     loop {
-        let r = client.get(url("/v2/health/ready")).send().await;
+        let r = client
+            .get(format!("http://127.0.0.1:{port}/v2/health/ready"))
+            .send()
+            .await;
         if r.as_ref().is_ok_and(|r| r.status() == 200) {
-            break;
+            return;
         }
         assert!(t0.elapsed() < Duration::from_secs(30), "not ready in 30 s: {r:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+#[tokio::test]
+async fn model_name_serves_a_kserve_mnt_models_folder_as_that_model() {
+    let mnt = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        root().join("model-repository/digits/model.onnx"),
+        mnt.path().join("model.onnx"),
+    )
+    .unwrap();
+    let args = [
+        "--model-repository".as_ref(),
+        mnt.path().as_os_str(),
+        "--model-name".as_ref(),
+        "my-isvc".as_ref(),
+    ];
+    let (mut child, mut log, port) = spawn_serve(sluice(), &args);
+    let client = reqwest::Client::new();
+    wait_ready(&client, port).await;
+    log.wait_for(&["model ready", "model=my-isvc"], Duration::from_secs(5));
+    let exp = fixture("digits_expected.json");
+    let r: serde_json::Value = client
+        .post(format!("http://127.0.0.1:{port}/v1/models/my-isvc:predict"))
+        .json(&json!({"instances": [exp["inputs"][7]]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["predictions"][0]["label"], exp["labels"][7], "{r}");
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    assert_eq!(wait_for(&mut child, Duration::from_secs(15)).code(), Some(0));
+}
+
+#[tokio::test]
+async fn serve_on_port_0_logs_the_port_serves_and_exits_0_on_sigterm() {
+    let repo = repo_with(&["digits", "scalar_out"]);
+    let mut cmd = sluice();
+    // MLServer-style global default: applies where model-settings.json is silent.
+    cmd.env("SLUICE_MODEL_MAX_BATCH_SIZE", "4");
+    let args = ["--model-repository".as_ref(), repo.path().as_os_str()];
+    let (mut child, mut log, port) = spawn_serve(cmd, &args);
+
+    let client = reqwest::Client::new();
+    let url = |p: &str| format!("http://127.0.0.1:{port}{p}");
+    wait_ready(&client, port).await;
     let exp = fixture("digits_expected.json");
     let body = json!({"inputs": [v2_input("input", "FP32", &[1, 64], json!([exp["inputs"][3]]))]});
     let r: serde_json::Value = client

@@ -335,9 +335,7 @@ impl ModelSettings {
 
         let params = get(top, "parameters").and_then(|v| w.object(v, "parameters.", PARAMETERS));
         let uri = match params.and_then(|p| get(p, "uri")) {
-            Some(v) => w
-                .string(v, "parameters.uri", "a path")
-                .and_then(|s| w.uri(s)),
+            Some(v) => w.string(v, "parameters.uri", "a path").and_then(|s| w.uri(s)),
             None => Some(default_uri.to_path_buf()),
         };
         let version = params.and_then(|p| get(p, "version")).and_then(|v| {
@@ -519,7 +517,10 @@ fn shape_fits(declared: &[i64], actual: &[i64]) -> bool {
         Some(1) => &actual[1..],
         _ => return false,
     };
-    declared.iter().zip(actual).all(|(d, a)| *d < 0 || *a < 0 || d == a)
+    declared
+        .iter()
+        .zip(actual)
+        .all(|(d, a)| *d < 0 || *a < 0 || d == a)
 }
 
 /// Serializes a duration as fractional seconds.

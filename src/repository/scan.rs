@@ -37,17 +37,19 @@ pub struct Layout<'a> {
     pub defaults: &'a ModelDefaults,
 }
 
-/// Reads and validates the model folder `dir` of the repository `root`:
+/// Reads and validates the model folder `dir` of the repository `root`
+/// (`folder`: the model's name when its settings give none):
 /// its `model-settings.json`, or default settings when it has none but holds
 /// exactly one `*.onnx` file. `Ok(None)`: the folder holds neither (it is not
 /// a model folder). Without `parameters.uri`, the file is `model.onnx`, else
 /// the folder's only `*.onnx`. An absolute `parameters.uri` must lead inside
 /// `root`. Messages name the file.
-pub fn read_folder(root: &Path, dir: &Path, defaults: &ModelDefaults) -> Result<Option<ModelSettings>, String> {
-    let folder = dir
-        .file_name()
-        .map(|f| f.to_string_lossy().into_owned())
-        .unwrap_or_default();
+pub fn read_folder(
+    root: &Path,
+    dir: &Path,
+    folder: &str,
+    defaults: &ModelDefaults,
+) -> Result<Option<ModelSettings>, String> {
     let file = dir.join(SETTINGS_FILE);
     let onnx = onnx_files(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let default_uri = match onnx.as_slice() {
@@ -70,7 +72,7 @@ pub fn read_folder(root: &Path, dir: &Path, defaults: &ModelDefaults) -> Result<
         },
         Err(e) => return Err(format!("{}: {e}", file.display())),
     };
-    let settings = ModelSettings::parse_with_uri(&text, &folder, defaults, &default_uri)
+    let settings = ModelSettings::parse_with_uri(&text, folder, defaults, &default_uri)
         .map_err(|e| format!("{}: {e}", file.display()))?;
     if settings.uri.is_absolute() {
         check_inside(root, &settings.uri).map_err(|e| format!("{}: {e}", file.display()))?;
@@ -81,7 +83,9 @@ pub fn read_folder(root: &Path, dir: &Path, defaults: &ModelDefaults) -> Result<
 /// An absolute `parameters.uri` is allowed where it leads (symlinks followed)
 /// inside the repository, as ModelMesh's MLServer adapter writes it.
 fn check_inside(root: &Path, uri: &Path) -> Result<(), String> {
-    let root = root.canonicalize().map_err(|e| format!("model repository {}: {e}", root.display()))?;
+    let root = root
+        .canonicalize()
+        .map_err(|e| format!("model repository {}: {e}", root.display()))?;
     // The folder must exist; the file may be missing (loading then says so).
     let parent = uri.parent().unwrap_or(uri);
     let inside = match parent.canonicalize() {
@@ -153,7 +157,7 @@ pub fn scan(layout: &Layout) -> Result<Vec<ModelDir>, String> {
         if outside_repository(root, &dir).is_some() {
             continue;
         }
-        let settings = match read_folder(root, &dir, layout.defaults) {
+        let settings = match read_folder(root, &dir, &folder, layout.defaults) {
             Ok(None) => {
                 tracing::debug!(folder = %dir.display(), "skipping folder without {SETTINGS_FILE} or *.onnx file");
                 continue;
@@ -175,7 +179,7 @@ pub fn scan(layout: &Layout) -> Result<Vec<ModelDir>, String> {
 /// any, gives way: KServe routes requests by the InferenceService's name).
 fn single(layout: &Layout, name: &str) -> ModelDir {
     let root = layout.root;
-    let settings = match read_folder(root, root, layout.defaults) {
+    let settings = match read_folder(root, root, name, layout.defaults) {
         Ok(Some(mut s)) => {
             if s.name != name && root.join(SETTINGS_FILE).is_file() {
                 tracing::warn!(model = %name, settings_name = %s.name, "--model-name overrides the `name` of {SETTINGS_FILE}");
@@ -255,13 +259,22 @@ mod tests {
         let folders: Vec<&str> = dirs.iter().map(|m| m.folder.as_str()).collect();
         assert_eq!(folders, ["bare", "both", "named", "two"]);
         let bare = dirs[0].settings.as_ref().unwrap();
-        assert_eq!((bare.name.as_str(), bare.uri.as_path()), ("bare", Path::new("resnet.onnx")));
+        assert_eq!(
+            (bare.name.as_str(), bare.uri.as_path()),
+            ("bare", Path::new("resnet.onnx"))
+        );
         assert_eq!(bare.batching.max_batch_size, 32);
         let both = dirs[1].settings.as_ref().unwrap();
-        assert_eq!((both.uri.as_path(), both.batching.max_batch_size), (Path::new("model.onnx"), 4));
+        assert_eq!(
+            (both.uri.as_path(), both.batching.max_batch_size),
+            (Path::new("model.onnx"), 4)
+        );
         assert_eq!(dirs[2].settings.as_ref().unwrap().uri, Path::new("weights.onnx"));
         let two = dirs[3].settings.as_ref().unwrap_err();
-        assert!(two.contains("2 ONNX files (`a.onnx`, `b.onnx`)") && two.contains("parameters.uri"), "{two}");
+        assert!(
+            two.contains("2 ONNX files (`a.onnx`, `b.onnx`)") && two.contains("parameters.uri"),
+            "{two}"
+        );
     }
 
     #[test]
@@ -274,16 +287,26 @@ mod tests {
         write(&elsewhere.path().join("model.onnx"), "x");
         std::os::unix::fs::symlink(elsewhere.path(), root.join("link")).unwrap();
         let d = ModelDefaults::default();
-        let settings = |uri: &Path| format!(r#"{{"parameters": {{"uri": {:?}}}}}"#, uri.display().to_string());
+        let settings =
+            |uri: &Path| format!(r#"{{"parameters": {{"uri": {:?}}}}}"#, uri.display().to_string());
         write(&root.join("in/model-settings.json"), &settings(&inside));
-        write(&root.join("out/model-settings.json"), &settings(&elsewhere.path().join("model.onnx")));
-        write(&root.join("via-link/model-settings.json"), &settings(&root.join("link/model.onnx")));
+        write(
+            &root.join("out/model-settings.json"),
+            &settings(&elsewhere.path().join("model.onnx")),
+        );
+        write(
+            &root.join("via-link/model-settings.json"),
+            &settings(&root.join("link/model.onnx")),
+        );
         let dirs = scan(&layout(root, None, &d)).unwrap();
         let by = |f: &str| &dirs.iter().find(|m| m.folder == f).unwrap().settings;
         assert_eq!(by("in").as_ref().unwrap().uri, inside);
         for refused in ["out", "via-link"] {
             let e = by(refused).as_ref().unwrap_err();
-            assert!(e.contains("is outside the model repository") && e.contains("parameters.uri"), "{e}");
+            assert!(
+                e.contains("is outside the model repository") && e.contains("parameters.uri"),
+                "{e}"
+            );
         }
     }
 
@@ -299,8 +322,15 @@ mod tests {
         let one = scan(&layout(root, Some("m"), &d)).unwrap();
         assert_eq!((one.len(), one[0].name(), one[0].dir.as_path()), (1, "m", root));
         // A settings file's `name` gives way to --model-name (KServe routes by it).
-        write(&root.join("model-settings.json"), r#"{"name": "other", "max_batch_size": 8}"#);
-        let s = scan(&layout(root, Some("m"), &d)).unwrap().remove(0).settings.unwrap();
+        write(
+            &root.join("model-settings.json"),
+            r#"{"name": "other", "max_batch_size": 8}"#,
+        );
+        let s = scan(&layout(root, Some("m"), &d))
+            .unwrap()
+            .remove(0)
+            .settings
+            .unwrap();
         assert_eq!((s.name.as_str(), s.batching.max_batch_size), ("m", 8));
     }
 

@@ -210,18 +210,29 @@ fn unknown_fields_without_suggestion_list_the_known_ones() {
 
 #[test]
 fn mlserver_fields_are_accepted_type_checked_and_named_as_unused() {
-    let s = ok(r#"{"implementation": "mlserver_sklearn.SKLearnModel", "parallel_workers": 2,
+    let s = ok(
+        r#"{"implementation": "mlserver_sklearn.SKLearnModel", "parallel_workers": 2,
         "warm_workers": false, "platform": "onnx", "versions": ["1"], "cache_enabled": false,
-        "parameters": {"uri": "model.onnx", "content_type": "np", "format": "onnx", "extra": {"k": 1}}}"#);
+        "parameters": {"uri": "model.onnx", "content_type": "np", "format": "onnx", "extra": {"k": 1}}}"#,
+    );
     assert_eq!(
         s.unused,
         [
-            "implementation", "parallel_workers", "warm_workers", "platform", "versions",
-            "cache_enabled", "parameters.content_type", "parameters.format", "parameters.extra"
+            "implementation",
+            "parallel_workers",
+            "warm_workers",
+            "platform",
+            "versions",
+            "cache_enabled",
+            "parameters.content_type",
+            "parameters.format",
+            "parameters.extra"
         ]
     );
     assert_eq!(
-        problems(r#"{"implementation": 3, "parallel_workers": -1, "versions": [1], "parameters": {"extra": []}}"#),
+        problems(
+            r#"{"implementation": 3, "parallel_workers": -1, "versions": [1], "parameters": {"extra": []}}"#
+        ),
         [
             "`implementation` must be a string, got 3",
             "`parallel_workers` must be a non-negative integer, got -1",
@@ -237,8 +248,10 @@ fn mlserver_fields_are_accepted_type_checked_and_named_as_unused() {
 #[test]
 fn declared_inputs_and_outputs_parse_and_check_against_the_signature() {
     use crate::tensor::{Signature, TensorSpec};
-    let s = ok(r#"{"inputs": [{"name": "input", "datatype": "FP32", "shape": [-1, 64], "parameters": {}}],
-                   "outputs": [{"name": "label", "datatype": "INT64"}, {"name": "probabilities", "shape": [10]}]}"#);
+    let s = ok(
+        r#"{"inputs": [{"name": "input", "datatype": "FP32", "shape": [-1, 64], "parameters": {}}],
+                   "outputs": [{"name": "label", "datatype": "INT64"}, {"name": "probabilities", "shape": [10]}]}"#,
+    );
     let spec = |name: &str, dtype, shape: &[i64]| TensorSpec {
         name: name.into(),
         dtype,
@@ -252,8 +265,10 @@ fn declared_inputs_and_outputs_parse_and_check_against_the_signature() {
         ],
     };
     s.check_declared(&sig).unwrap();
-    let bad = ok(r#"{"inputs": [{"name": "input", "datatype": "FP64", "shape": [-1, 8]}, {"name": "extra"}],
-                     "outputs": [{"name": "label", "shape": [1, 2, 3]}]}"#);
+    let bad = ok(
+        r#"{"inputs": [{"name": "input", "datatype": "FP64", "shape": [-1, 8]}, {"name": "extra"}],
+                     "outputs": [{"name": "label", "shape": [1, 2, 3]}]}"#,
+    );
     let err = bad.check_declared(&sig).unwrap_err();
     for part in [
         "`inputs[0].datatype` of `input` is FP64, but the ONNX file says FP32",

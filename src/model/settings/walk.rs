@@ -171,7 +171,8 @@ impl Walker {
             let Some(obj) = self.object(item, &format!("{at}."), known) else {
                 continue;
             };
-            let Some(name) = get(obj, "name").and_then(|n| self.string(n, &format!("{at}.name"), "a string")) else {
+            let Some(name) = get(obj, "name").and_then(|n| self.string(n, &format!("{at}.name"), "a string"))
+            else {
                 if get(obj, "name").is_none() {
                     self.problems.push(format!("`{at}.name` is missing"));
                 }
@@ -184,10 +185,16 @@ impl Walker {
                     .or_else(|| self.bad(&format!("{at}.datatype"), expected, d))
             });
             let shape = get(obj, "shape").and_then(|s| {
-                let dims = s.as_array().map(|a| a.iter().map(Value::as_i64).collect::<Option<Vec<i64>>>());
+                let dims = s
+                    .as_array()
+                    .map(|a| a.iter().map(Value::as_i64).collect::<Option<Vec<i64>>>());
                 match dims.flatten() {
                     Some(d) if d.iter().all(|n| *n >= -1) => Some(d),
-                    _ => self.bad(&format!("{at}.shape"), "an array of integers (-1 for any size)", s),
+                    _ => self.bad(
+                        &format!("{at}.shape"),
+                        "an array of integers (-1 for any size)",
+                        s,
+                    ),
                 }
             });
             if let Some(p) = get(obj, "parameters") {
@@ -205,21 +212,45 @@ impl Walker {
     }
 
     /// Type-checks MLServer's fields that sluice accepts but does not use, and names the ones given.
-    pub(super) fn unused(&mut self, top: &Map<String, Value>, params: Option<&Map<String, Value>>) -> Vec<String> {
+    pub(super) fn unused(
+        &mut self,
+        top: &Map<String, Value>,
+        params: Option<&Map<String, Value>>,
+    ) -> Vec<String> {
         type Check = fn(&Value) -> bool;
         let string: Check = Value::is_string;
         let boolean: Check = Value::is_boolean;
         let fields: [(&str, Option<&Value>, &str, Check); 8] = [
             ("implementation", get(top, "implementation"), "a string", string),
-            ("parallel_workers", get(top, "parallel_workers"), "a non-negative integer", |v| v.is_u64()),
+            (
+                "parallel_workers",
+                get(top, "parallel_workers"),
+                "a non-negative integer",
+                |v| v.is_u64(),
+            ),
             ("warm_workers", get(top, "warm_workers"), "true or false", boolean),
             ("platform", get(top, "platform"), "a string", string),
             ("versions", get(top, "versions"), "an array of strings", |v| {
                 v.as_array().is_some_and(|a| a.iter().all(Value::is_string))
             }),
-            ("cache_enabled", get(top, "cache_enabled"), "true or false", boolean),
-            ("parameters.content_type", params.and_then(|p| get(p, "content_type")), "a string", string),
-            ("parameters.format", params.and_then(|p| get(p, "format")), "a string", string),
+            (
+                "cache_enabled",
+                get(top, "cache_enabled"),
+                "true or false",
+                boolean,
+            ),
+            (
+                "parameters.content_type",
+                params.and_then(|p| get(p, "content_type")),
+                "a string",
+                string,
+            ),
+            (
+                "parameters.format",
+                params.and_then(|p| get(p, "format")),
+                "a string",
+                string,
+            ),
         ];
         let mut given = Vec::new();
         for (path, value, expected, ok) in fields {
@@ -232,7 +263,9 @@ impl Walker {
         if let Some(v) = params.and_then(|p| get(p, "extra")) {
             match v.is_object() {
                 true => given.push("parameters.extra".to_owned()),
-                false => self.bad::<()>("parameters.extra", "an object", v).unwrap_or_default(),
+                false => self
+                    .bad::<()>("parameters.extra", "an object", v)
+                    .unwrap_or_default(),
             }
         }
         given
