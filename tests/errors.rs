@@ -136,6 +136,10 @@ fn cases() -> Vec<Case> {
             &["several inputs", "`a`", "`b`"]),
         post("V1 missing key", v1_multi, json!({"instances": [{"a": [1, 2, 3]}]}), 400,
             &["instance 0", "missing input `b`"]),
+        // Without a bound these rows would be split into 6 * 10^10 queue entries.
+        post("rows of no elements", "/v2/models/varlen/infer",
+            json!({"inputs": [v2_input("x", "FP32", &[1_000_000_000_000, 0], json!([]))]}), 400,
+            &["1000000000000 rows of no elements", "max_batch_size (16)"]),
         post("failed model V2", "/v2/models/broken/infer", good, 503, &["`broken`", "not ready", "model.onnx"]),
         post("failed model V1", "/v1/models/broken:predict", one, 503, &["`broken`", "model.onnx"]),
         get("failed model metadata", "/v2/models/broken", 503, &["`broken`", "model.onnx"]),
@@ -145,7 +149,7 @@ fn cases() -> Vec<Case> {
 
 #[tokio::test]
 async fn every_bad_input_class_gets_its_status_and_a_message_naming_it() {
-    let repo = repo_with(&["digits", "multi_io", "broken"]);
+    let repo = repo_with(&["digits", "multi_io", "broken", "varlen"]);
     let s = TestServer::start(repo.path()).await;
     let mut failures = Vec::new();
     for c in cases() {

@@ -55,8 +55,6 @@ struct Inner {
     settings: watch::Sender<BatchSettings>,
     /// Requests admitted and not yet dispatched (shared with the task).
     queued: Arc<AtomicUsize>,
-    /// Output names in signature order.
-    outputs: Vec<String>,
     /// Cumulative statistics, shared with the batching task and its batch tasks.
     stats: Arc<ModelStats>,
 }
@@ -76,7 +74,7 @@ impl Batcher {
         let shared = Arc::new(task::Shared {
             model: model.into(),
             workers,
-            outputs: outputs.clone(),
+            outputs,
             queued: queued.clone(),
             stats: stats.clone(),
         });
@@ -88,7 +86,6 @@ impl Batcher {
                 entries,
                 settings: settings_tx,
                 queued,
-                outputs,
                 stats,
             }),
         }
@@ -164,6 +161,13 @@ impl Batcher {
             });
         }
         metrics::queue_size(model, before + 1);
+        // Holds the admission slot until the request's last chunk is queued
+        // (that entry then owns it, and the batching task releases it).
+        let mut slot = Slot {
+            queued: &self.inner.queued,
+            model,
+            held: true,
+        };
         let deadline = arrival + settings.timeout;
         let rows = inputs.first().map(Tensor::rows).unwrap_or(0);
         let chunk = if settings.batching_enabled() {
@@ -171,49 +175,15 @@ impl Batcher {
         } else {
             rows.max(1)
         };
-        let mut receivers = Vec::new();
-        let n_chunks = rows.div_ceil(chunk).max(1);
-        // The common case, one chunk, moves the inputs instead of copying them.
-        let mut whole = Some(inputs);
-        for c in 0..n_chunks {
-            let part: Vec<Tensor> = if n_chunks == 1 {
-                whole.take().expect("one chunk")
-            } else {
-                let end = ((c + 1) * chunk).min(rows);
-                whole
-                    .as_ref()
-                    .expect("inputs kept while chunking")
-                    .iter()
-                    .map(|t| t.slice_rows(c * chunk..end))
-                    .collect()
-            };
-            let (tx, rx) = oneshot::channel();
-            let mut entry = Entry::new(part, arrival, deadline, tx);
-            entry.releases_slot = c + 1 == n_chunks;
-            if self.inner.entries.send(Msg::Entry(entry)).is_err() {
-                // Only possible if the task died; the slot was never queued.
-                self.inner.queued.fetch_sub(1, Ordering::AcqRel);
-                return Err(Error::ModelNotReady {
-                    name: model.to_string(),
-                    reason: "unloading".into(),
-                });
-            }
-            receivers.push(rx);
+        if rows > chunk && inputs.iter().all(|t| t.row_len() == 0) {
+            return Err(Error::invalid(format!(
+                "the inputs have {rows} rows of no elements each; such a request may have at most \
+                 max_batch_size ({chunk}) rows"
+            )));
         }
-        drop(whole);
-        let wait = async {
-            let mut parts = Vec::with_capacity(receivers.len());
-            for rx in receivers {
-                let r = rx.await.map_err(|_| Error::ModelNotReady {
-                    name: model.to_string(),
-                    reason: "unloading".into(),
-                })?;
-                parts.push(r?);
-            }
-            Ok::<_, Error>(parts)
-        };
+        let run = self.run_chunks(inputs, rows, chunk, arrival, deadline, &mut slot);
         let remaining = deadline.saturating_duration_since(Instant::now());
-        let parts = match tokio::time::timeout(remaining, wait).await {
+        let (all, batch_id) = match tokio::time::timeout(remaining, run).await {
             Ok(r) => r?,
             Err(_) => {
                 return Err(Error::DeadlineExceeded {
@@ -222,29 +192,105 @@ impl Batcher {
                 })
             }
         };
-        Ok(self.assemble(parts, outputs))
+        Ok((self.pick(all, outputs), batch_id))
     }
 
-    /// Joins the chunks' outputs in order and keeps the requested ones.
-    fn assemble(&self, mut parts: Vec<(Vec<Tensor>, String)>, outputs: &[String]) -> (Vec<Tensor>, String) {
-        let batch_id = parts.last().map(|(_, id)| id.clone()).unwrap_or_default();
-        let all: Vec<Tensor> = if parts.len() == 1 {
-            parts.pop().expect("one part").0
-        } else {
-            (0..self.inner.outputs.len())
-                .map(|i| Tensor::concat_rows(&parts.iter().map(|(p, _)| &p[i]).collect::<Vec<_>>()))
-                .collect()
+    /// Queues `inputs` in chunks of at most `chunk` rows, at most
+    /// [`CHUNKS_IN_FLIGHT`] at a time (the next is cut when the oldest is
+    /// answered, so a request of millions of narrow rows holds a bounded
+    /// number of queue entries), and joins their outputs in order. Returns
+    /// every output (signature order) and the id of the last chunk's batch.
+    async fn run_chunks(
+        &self,
+        inputs: Vec<Tensor>,
+        rows: usize,
+        chunk: usize,
+        arrival: Instant,
+        deadline: Instant,
+        slot: &mut Slot<'_>,
+    ) -> Result<(Vec<Tensor>, String)> {
+        let n_chunks = rows.div_ceil(chunk).max(1);
+        let not_ready = || Error::ModelNotReady {
+            name: self.inner.model.to_string(),
+            reason: "unloading".into(),
         };
+        // The common case, one chunk, moves the inputs instead of copying them.
+        let mut whole = Some(inputs);
+        let mut in_flight = std::collections::VecDeque::new();
+        let mut joined: Option<(Vec<Tensor>, String)> = None;
+        let mut next = 0;
+        while next < n_chunks || !in_flight.is_empty() {
+            while next < n_chunks && in_flight.len() < CHUNKS_IN_FLIGHT {
+                let part: Vec<Tensor> = if n_chunks == 1 {
+                    whole.take().expect("one chunk")
+                } else {
+                    let (start, end) = (next * chunk, ((next + 1) * chunk).min(rows));
+                    let inputs = whole.as_ref().expect("inputs kept while chunking");
+                    inputs.iter().map(|t| t.slice_rows(start..end)).collect()
+                };
+                next += 1;
+                let (tx, rx) = oneshot::channel();
+                let mut entry = Entry::new(part, arrival, deadline, tx);
+                entry.releases_slot = next == n_chunks;
+                // Only fails if the task died; the guard then releases the slot.
+                self.inner
+                    .entries
+                    .send(Msg::Entry(entry))
+                    .map_err(|_| not_ready())?;
+                slot.held &= next != n_chunks;
+                in_flight.push_back(rx);
+            }
+            if next == n_chunks {
+                whole = None;
+            }
+            let rx = in_flight.pop_front().expect("a chunk in flight");
+            let (part, id) = rx.await.map_err(|_| not_ready())??;
+            match &mut joined {
+                None => joined = Some((part, id)),
+                Some((all, last_id)) => {
+                    for (a, p) in all.iter_mut().zip(&part) {
+                        a.append_rows(p);
+                    }
+                    *last_id = id;
+                }
+            }
+        }
+        drop(whole);
+        Ok(joined.expect("at least one chunk"))
+    }
+
+    /// The outputs named in `outputs`, in that order, from all of them.
+    fn pick(&self, all: Vec<Tensor>, outputs: &[String]) -> Vec<Tensor> {
         let mut all: Vec<Option<Tensor>> = all.into_iter().map(Some).collect();
-        let picked = outputs
+        outputs
             .iter()
             .filter_map(|name| {
                 all.iter_mut()
                     .find(|t| t.as_ref().is_some_and(|t| &t.name == name))?
                     .take()
             })
-            .collect();
-        (picked, batch_id)
+            .collect()
+    }
+}
+
+/// Most chunks of one request queued at once (see [`Batcher::run_chunks`]).
+const CHUNKS_IN_FLIGHT: usize = 32;
+
+/// A request's admission slot in `queued`, held by [`Batcher::submit`] until
+/// its last chunk is queued; released on drop while still held (the client
+/// went away, the deadline passed, or the task is gone before that).
+struct Slot<'a> {
+    queued: &'a AtomicUsize,
+    model: &'a str,
+    held: bool,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            let left = self.queued.fetch_sub(1, Ordering::AcqRel) - 1;
+            metrics::queue_size(self.model, left);
+        }
     }
 }
 

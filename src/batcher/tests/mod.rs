@@ -274,6 +274,54 @@ async fn oversize_request_is_split_into_fitting_chunks_and_reassembled_in_order(
     assert_eq!(m.batcher.queued(), 0, "the split request released its queue slot");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_narrow_rows_run_through_a_window_of_chunks_and_come_back_in_order() {
+    let m = start(settings(BatchPolicyKind::Adaptive, 2, 1), Duration::ZERO);
+    // 1,500 chunks of 2 rows: many more than are queued at once.
+    let x = request(1, 3000, 1);
+    let (y, _) = infer(&m.batcher, x.clone())
+        .await
+        .expect("never refused for its size");
+    assert_doubled(&x, &y, "a request split into 1,500 chunks");
+    assert!(m.seen.batch_rows().iter().all(|&r| r <= 2));
+    assert_eq!(m.batcher.queued(), 0, "the split request released its queue slot");
+
+    // Abandoned half-way: the chunks not yet queued never run, and the slot is released.
+    m.gate.close();
+    let b = m.batcher.clone();
+    let gone = tokio::spawn(async move { infer(&b, request(2, 3000, 1)).await });
+    until("the abandoned request runs", || {
+        m.seen.started.load(SeqCst) > 1500
+    })
+    .await;
+    gone.abort();
+    assert!(gone.await.unwrap_err().is_cancelled());
+    m.gate.open();
+    until("the slot is released", || m.batcher.queued() == 0).await;
+    infer(&m.batcher, request(3, 1, 1))
+        .await
+        .expect("later request runs");
+    let ran = m.seen.started.load(SeqCst) - 1500;
+    assert!(ran < 64, "{ran} batches of the abandoned request ran");
+}
+
+#[tokio::test]
+async fn rows_without_elements_beyond_max_batch_size_are_refused() {
+    let m = start(settings(BatchPolicyKind::Adaptive, 4, 1), Duration::ZERO);
+    // 10^12 rows of nothing would otherwise be split into 2.5 * 10^11 chunks.
+    let empty = Tensor::new("x", vec![1_000_000_000_000, 0], TensorData::F32(Vec::new())).unwrap();
+    let e = infer(&m.batcher, empty).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidInput(_)), "{e:?}");
+    assert!(e.to_string().contains("1000000000000 rows of no elements"), "{e}");
+    assert_eq!(m.batcher.queued(), 0);
+    // Up to max_batch_size such rows, or no rows at all, are fine.
+    for rows in [0, 4] {
+        let x = Tensor::new("x", vec![rows, 0], TensorData::F32(Vec::new())).unwrap();
+        let (y, _) = infer(&m.batcher, x).await.unwrap();
+        assert_eq!(y.shape, vec![rows, 0]);
+    }
+}
+
 #[tokio::test]
 async fn requests_with_different_trailing_dims_never_share_a_batch() {
     let m = start(settings(BatchPolicyKind::Fixed, 16, 30), Duration::ZERO);
