@@ -1,0 +1,152 @@
+//! The deployment files under `deploy/`, validated offline by
+//! `tests/clients/validate_manifests.py` (in `.venv-clients`, from
+//! `scripts/setup-test-clients.sh`): the Kubernetes manifests against
+//! Kubernetes' schemas (`kubernetes-validate`, strict), the KServe ones against
+//! the CRD schemas vendored in `tests/fixtures/kserve/`, the ConfigMap's
+//! `sluice.toml` against `config/sluice.toml`, and every PromQL expression of
+//! the Grafana dashboard and the alert rules against the `/metrics` of a real
+//! sluice: each metric, label and label value they use must be there. The
+//! ConfigMap's `sluice.toml` is also loaded by sluice's own configuration
+//! loader, which refuses unknown keys and bad values.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+use sluice::config::{CliOverrides, Config};
+
+/// The Python of the clients' virtual environment.
+fn python() -> PathBuf {
+    let p = root().join(".venv-clients/bin/python");
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/setup-test-clients.sh (make test does)",
+        p.display()
+    );
+    p
+}
+
+/// Runs a command to completion off the async runtime (the server under test
+/// shares this runtime) and returns its output, printed for the test log.
+async fn run(mut cmd: Command) -> Output {
+    let shown = format!("{cmd:?}");
+    let out = tokio::task::spawn_blocking(move || cmd.output().expect("cannot start the validator"))
+        .await
+        .unwrap();
+    println!(
+        "$ {shown}\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `validate_manifests.py --metrics-url URL` plus `extra` arguments.
+fn validator(metrics_url: &str, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(python());
+    cmd.arg(root().join("tests/clients/validate_manifests.py"))
+        .arg("--root")
+        .arg(root())
+        .args(["--metrics-url", metrics_url])
+        .args(extra);
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manifests_validate_and_every_metric_they_use_exists() {
+    let _ = python();
+    let repo = repo_with(&["digits", "mlp"]);
+    // The alerts watch series that exist only once something happened: a
+    // model whose queue holds one request that expires there (504,
+    // `sluice_requests_dropped_total{reason="expired"}`) while a second is
+    // refused (503 `overloaded`), and a model whose load fails
+    // (`sluice_model_reloads_total{result="failed"}`).
+    add_model(
+        repo.path(),
+        "digits",
+        "slow",
+        r#"{"batch_policy": "fixed", "max_batch_size": 4, "max_batch_time": 5, "timeout": 1, "max_queue_size": 1}"#,
+    );
+    add_model(repo.path(), "digits", "broken", r#"{"max_batch_sise": 4}"#);
+    let s = TestServer::start(repo.path()).await;
+
+    // One V2 infer on digits first: its counters and histograms exist from then on.
+    let row = fixture("digits_expected.json")["inputs"][0].clone();
+    let body = json!({"inputs": [v2_input("input", "FP32", &[1, 64], row)]});
+    let (st, r) = s.post("/v2/models/digits/infer", &body).await;
+    assert_eq!(st, 200, "{r}");
+    let (first, second) = tokio::join!(s.post("/v2/models/slow/infer", &body), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        s.post("/v2/models/slow/infer", &body).await
+    });
+    let mut statuses = [first.0, second.0];
+    statuses.sort();
+    assert_eq!(statuses, [503, 504], "{first:?} {second:?}");
+    assert_eq!(s.index().await["broken"]["state"], "UNAVAILABLE");
+
+    let metrics = s.url("/metrics");
+    let out = run(validator(&metrics, &[])).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "deploy/ does not validate:\n{stdout}");
+    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    for metric in [
+        "sluice_batch_size_bucket",
+        "sluice_queue_delay_seconds_bucket",
+        "sluice_requests_dropped_total",
+    ] {
+        assert!(
+            stdout.contains(&format!("metric {metric} is in /metrics")),
+            "{metric} was not checked:\n{stdout}"
+        );
+    }
+
+    // The checker itself: a made-up metric, label value and label are caught.
+    let bogus = [
+        "--extra-expr",
+        "sum by (model) (rate(sluice_bogus_total[5m]))",
+        "--extra-expr",
+        r#"sum by (model) (rate(sluice_requests_total{status="overload"}[5m]))"#,
+        "--extra-expr",
+        r#"sluice_queue_size{model="digits", protocol="v2"}"#,
+    ];
+    let out = run(validator(&metrics, &bogus)).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "bogus expressions passed:\n{stdout}");
+    assert!(stdout.contains("manifests: "), "{stdout}");
+    for failure in [
+        "FAIL  dashboard --extra-expr 0: metric sluice_bogus_total is in /metrics",
+        r#"FAIL  dashboard --extra-expr 1: sluice_requests_total{status="overload"} is a value sluice reports"#,
+        "FAIL  dashboard --extra-expr 2: sluice_queue_size has label protocol",
+    ] {
+        assert!(stdout.contains(failure), "missing {failure:?}:\n{stdout}");
+    }
+    assert!(stdout.contains(" 3 failed"), "{stdout}");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configmaps_sluice_toml_loads_with_sluices_own_loader() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = dir.path().join("sluice.toml");
+    let mut cmd = Command::new(python());
+    cmd.arg(root().join("tests/clients/validate_manifests.py"))
+        .arg("--root")
+        .arg(root())
+        .arg("--write-config")
+        .arg(&toml);
+    let out = run(cmd).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "deploy/ does not validate:\n{stdout}");
+    let cfg = Config::load(Some(&toml), &CliOverrides::default())
+        .unwrap_or_else(|e| panic!("deploy/k8s/configmap.yaml's sluice.toml: {e}"));
+    cfg.validate()
+        .unwrap_or_else(|e| panic!("deploy/k8s/configmap.yaml's sluice.toml: {e:?}"));
+    // What the Deployment relies on (the grace period check is the script's).
+    assert_eq!((cfg.http.port, cfg.grpc.port), (8080, 8081));
+    assert_eq!(cfg.model_repository.path, PathBuf::from("/models"));
+    assert_eq!(cfg.grace_period(), Duration::from_secs(30));
+}
