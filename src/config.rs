@@ -63,6 +63,9 @@ pub struct GrpcConfig {
     pub port: u16,
     /// Largest gRPC message accepted or sent, in bytes.
     pub max_message_bytes: usize,
+    /// Requests of one `ModelStreamInfer` stream being run or answered at once;
+    /// the stream's next message is read only when one finishes.
+    pub max_outstanding_per_stream: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -135,6 +138,7 @@ impl Default for GrpcConfig {
         GrpcConfig {
             port: 8081,
             max_message_bytes: 64 << 20,
+            max_outstanding_per_stream: 64,
         }
     }
 }
@@ -308,6 +312,12 @@ impl Config {
             errs.push(format!(
                 "http.max_body_bytes must be at least 1024, got {}",
                 self.http.max_body_bytes
+            ));
+        }
+        if !(1..=65536).contains(&self.grpc.max_outstanding_per_stream) {
+            errs.push(format!(
+                "grpc.max_outstanding_per_stream must be 1..=65536, got {}",
+                self.grpc.max_outstanding_per_stream
             ));
         }
         if self.grpc.max_message_bytes < 1024 {

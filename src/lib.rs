@@ -175,6 +175,7 @@ impl Server {
             repository: state.repository.clone(),
             ready: state.ready.clone(),
             max_message_bytes: config.grpc.max_message_bytes,
+            max_outstanding_per_stream: config.grpc.max_outstanding_per_stream,
         };
         let mut graceful = stop_rx.clone();
         let grpc_serve = grpc::serve(grpc_listener, grpc_state, async move {

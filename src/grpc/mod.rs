@@ -35,6 +35,9 @@ pub struct GrpcState {
     pub ready: Arc<AtomicBool>,
     /// Largest message accepted or sent (`grpc.max_message_bytes`).
     pub max_message_bytes: usize,
+    /// Requests one `ModelStreamInfer` stream may have running or unread
+    /// (`grpc.max_outstanding_per_stream`).
+    pub max_outstanding_per_stream: usize,
 }
 
 impl GrpcState {

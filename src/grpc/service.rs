@@ -5,7 +5,9 @@
 use std::pin::Pin;
 use std::time::Instant;
 
-use tokio::sync::mpsc;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
@@ -57,9 +59,6 @@ fn ok<T>(r: Result<T, Error>) -> Answer<T> {
 
 /// Answers sent on one `ModelStreamInfer` call.
 type InferStream = Pin<Box<dyn Stream<Item = Result<ModelStreamInferResponse, Status>> + Send>>;
-
-/// Responses a stream may hold before its request reader waits for the client to read.
-const STREAM_BUFFER: usize = 64;
 
 #[tonic::async_trait]
 impl GrpcInferenceService for InferenceService {
@@ -115,13 +114,26 @@ impl GrpcInferenceService for InferenceService {
         req: Request<Streaming<ModelInferRequest>>,
     ) -> Answer<Self::ModelStreamInferStream> {
         let mut requests = req.into_inner();
+        let outstanding = self.state.max_outstanding_per_stream;
         // Answers to the client. Each request's task holds a sender; the
         // response stream returned below holds the receiver, and ends once
         // the reader task and every request task have dropped theirs.
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let (tx, rx) = mpsc::channel(outstanding);
+        // One permit per request being run or waiting to hand its answer to
+        // `tx`: the reader takes one before it reads the next message, each
+        // request task returns its own once the answer is in the channel. A
+        // client that stops reading answers thus stops the reader (and, by
+        // HTTP/2 flow control, its own sends) after `outstanding` requests.
+        let permits = Arc::new(Semaphore::new(outstanding));
         let service = self.clone();
         tokio::spawn(async move {
-            while let Some(next) = requests.next().await {
+            loop {
+                let Ok(permit) = permits.clone().acquire_owned().await else {
+                    break;
+                };
+                let Some(next) = requests.next().await else {
+                    break;
+                };
                 let request = match next {
                     Ok(r) => r,
                     Err(e) => {
@@ -146,6 +158,7 @@ impl GrpcInferenceService for InferenceService {
                         },
                     };
                     let _ = tx.send(Ok(answer)).await;
+                    drop(permit);
                 });
             }
         });

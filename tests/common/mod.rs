@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod batching;
+pub mod grpc;
 pub mod prometheus;
 pub mod reload;
 
