@@ -9,6 +9,7 @@
 
 pub mod binary;
 pub mod grpc;
+mod json_data;
 pub mod model_config;
 pub mod statistics;
 pub mod v1;

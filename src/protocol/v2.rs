@@ -5,15 +5,16 @@
 //! as JSON; on its own, the conversion here refuses binary inputs.
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{element_to_json, parse_elements, InferRequest, InferResponse};
+use super::{element_to_json, InferRequest, InferResponse};
 use crate::error::Error;
 use crate::tensor::{DataType, Signature, Tensor, TensorSpec};
 
 /// Body of `POST /v2/models/{name}[/versions/{v}]/infer`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct InferenceRequest {
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InferenceRequest<'a> {
     /// Client's id, echoed in the response.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
@@ -21,15 +22,16 @@ pub struct InferenceRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parameters: Option<Map<String, Value>>,
     /// The input tensors.
-    pub inputs: Vec<RequestInput>,
+    #[serde(borrow)]
+    pub inputs: Vec<RequestInput<'a>>,
     /// The outputs wanted; all of the model's outputs when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outputs: Option<Vec<RequestOutput>>,
 }
 
 /// One input tensor of an [`InferenceRequest`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RequestInput {
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RequestInput<'a> {
     pub name: String,
     /// Dimensions; all must be non-negative.
     pub shape: Vec<i64>,
@@ -38,9 +40,12 @@ pub struct RequestInput {
     /// Per-input parameters; `binary_data_size` marks binary tensor data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parameters: Option<Map<String, Value>>,
-    /// The elements, row-major, flat or nested. Absent (null) with binary data.
-    #[serde(default)]
-    pub data: Value,
+    /// The elements, row-major, flat or nested, as their JSON text (parsed
+    /// straight into a typed vector once the datatype is known:
+    /// `super::json_data`), borrowed from the body. Absent (or null) with
+    /// binary data.
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<&'a RawValue>,
 }
 
 /// One requested output of an [`InferenceRequest`].
@@ -163,21 +168,6 @@ impl ModelMetadata {
     }
 }
 
-/// Collects the leaves of flat or nested arrays, row-major. The nesting need
-/// not match the shape (Triton accepts that too); only the count is checked.
-fn flatten<'a>(what: &str, v: &'a Value, out: &mut Vec<&'a Value>) -> Result<(), Error> {
-    match v {
-        Value::Array(items) => items.iter().try_for_each(|item| flatten(what, item, out)),
-        Value::Object(_) => Err(Error::invalid(format!(
-            "{what}: `data` holds an object; expected numbers, booleans or strings in (nested) arrays"
-        ))),
-        leaf => {
-            out.push(leaf);
-            Ok(())
-        }
-    }
-}
-
 /// Parses a protocol datatype name; `what` names the tensor in the error,
 /// which lists the names allowed.
 pub(crate) fn parse_datatype(what: &str, datatype: &str) -> Result<DataType, Error> {
@@ -207,7 +197,7 @@ pub(crate) fn parse_shape(what: &str, wire: &[i64]) -> Result<(Vec<usize>, usize
 }
 
 /// Decodes an input whose elements are in its JSON `data`.
-pub(crate) fn decode_input(input: RequestInput) -> Result<Tensor, Error> {
+pub(crate) fn decode_input(input: RequestInput<'_>) -> Result<Tensor, Error> {
     let what = format!("input `{}`", input.name);
     if input
         .parameters
@@ -220,28 +210,10 @@ pub(crate) fn decode_input(input: RequestInput) -> Result<Tensor, Error> {
     }
     let dtype = parse_datatype(&what, &input.datatype)?;
     let (shape, count) = parse_shape(&what, &input.shape)?;
-    let leaves = match &input.data {
-        Value::Array(_) => {
-            let mut leaves = Vec::with_capacity(count.min(1 << 20));
-            flatten(&what, &input.data, &mut leaves)?;
-            leaves
-        }
-        Value::Null => return Err(Error::invalid(format!("{what}: `data` is missing"))),
-        other => {
-            return Err(Error::invalid(format!(
-                "{what}: `data` must be an array, got {}",
-                super::show(other)
-            )))
-        }
+    let Some(raw) = &input.data else {
+        return Err(Error::invalid(format!("{what}: `data` is missing")));
     };
-    if leaves.len() != count {
-        return Err(Error::invalid(format!(
-            "{what}: shape {:?} needs {count} elements, got {}",
-            input.shape,
-            leaves.len()
-        )));
-    }
-    let data = parse_elements(&what, dtype, &leaves)?;
+    let data = super::json_data::decode(&what, dtype, raw.get(), count, &input.shape)?;
     Ok(Tensor {
         name: input.name,
         shape,
@@ -249,11 +221,11 @@ pub(crate) fn decode_input(input: RequestInput) -> Result<Tensor, Error> {
     })
 }
 
-impl TryFrom<InferenceRequest> for InferRequest {
+impl TryFrom<InferenceRequest<'_>> for InferRequest {
     type Error = Error;
 
     /// Decodes the wire request; [`super::validate`] then checks it against the model.
-    fn try_from(req: InferenceRequest) -> Result<Self, Error> {
+    fn try_from(req: InferenceRequest<'_>) -> Result<Self, Error> {
         // Binary inputs and outputs (`binary_data_size`, `binary_data_output`,
         // `binary_data`) are `super::v2_binary`'s; this is the pure-JSON form.
         let inputs = req
@@ -301,7 +273,8 @@ mod tests {
     use serde_json::json;
 
     fn decode(body: Value) -> Result<InferRequest, Error> {
-        InferRequest::try_from(serde_json::from_value::<InferenceRequest>(body).unwrap())
+        let text = body.to_string();
+        InferRequest::try_from(serde_json::from_str::<InferenceRequest>(&text).unwrap())
     }
 
     fn decode_err(body: Value) -> String {

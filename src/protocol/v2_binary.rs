@@ -121,7 +121,7 @@ pub fn decode_request(body: &[u8], header: Option<&[u8]>) -> Result<DecodedReque
                  so its whole body is JSON and carries no binary data"
             )));
         }
-        if !input.data.is_null() {
+        if input.data.is_some() {
             return Err(Error::invalid(format!(
                 "{what}: has both `data` and `binary_data_size`; send one of them"
             )));
@@ -179,7 +179,7 @@ pub fn decode_request(body: &[u8], header: Option<&[u8]>) -> Result<DecodedReque
 }
 
 /// An input's `binary_data_size`, if it has one.
-fn binary_size(input: &RequestInput, what: &str) -> Result<Option<usize>, Error> {
+fn binary_size(input: &RequestInput<'_>, what: &str) -> Result<Option<usize>, Error> {
     match input.parameters.as_ref().and_then(|p| p.get("binary_data_size")) {
         None => Ok(None),
         Some(v) => v
