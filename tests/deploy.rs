@@ -69,7 +69,7 @@ async fn manifests_validate_and_every_metric_they_use_exists() {
         repo.path(),
         "digits",
         "slow",
-        r#"{"batch_policy": "fixed", "max_batch_size": 4, "max_batch_time": 5, "timeout": 1, "max_queue_size": 1}"#,
+        r#"{"batch_policy": "fixed", "max_batch_size": 4, "max_batch_time": 30, "timeout": 3, "max_queue_size": 1}"#,
     );
     add_model(repo.path(), "digits", "broken", r#"{"max_batch_sise": 4}"#);
     let s = TestServer::start(repo.path()).await;
@@ -79,13 +79,24 @@ async fn manifests_validate_and_every_metric_they_use_exists() {
     let body = json!({"inputs": [v2_input("input", "FP32", &[1, 64], row)]});
     let (st, r) = s.post("/v2/models/digits/infer", &body).await;
     assert_eq!(st, 200, "{r}");
+    // The second request is sent only once the first is seen queued, so the
+    // order holds however slow the machine is.
     let (first, second) = tokio::join!(s.post("/v2/models/slow/infer", &body), async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let t0 = std::time::Instant::now();
+        while common::prometheus::Metrics::scrape(&s)
+            .await
+            .sum("sluice_queue_size", &[("model", "slow")])
+            < 1.0
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the first request never queued"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         s.post("/v2/models/slow/infer", &body).await
     });
-    let mut statuses = [first.0, second.0];
-    statuses.sort();
-    assert_eq!(statuses, [503, 504], "{first:?} {second:?}");
+    assert_eq!((first.0, second.0), (504, 503), "{first:?} {second:?}");
     assert_eq!(s.index().await["broken"]["state"], "UNAVAILABLE");
 
     let metrics = s.url("/metrics");
