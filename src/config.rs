@@ -29,6 +29,25 @@ pub struct Config {
     pub model_defaults: ModelDefaultsConfig,
     pub pool: PoolConfig,
     pub shutdown: ShutdownConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `text` (one readable line per event) or `json` (one object per line).
+    pub format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// `2026-11-23T10:00:00Z  INFO sluice::repository::load: model ready model=digits ...`
+    #[default]
+    Text,
+    /// `{"timestamp": ..., "level": "INFO", "target": ..., "message": ..., "model": ...}`
+    Json,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -184,6 +203,7 @@ impl Default for ShutdownConfig {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct CliOverrides {
     pub model_repository: Option<PathBuf>,
+    pub log_format: Option<LogFormat>,
     pub model_name: Option<String>,
     pub host: Option<IpAddr>,
     pub http_port: Option<u16>,
@@ -224,6 +244,9 @@ impl Config {
         let mut cfg: Config = fig.extract().map_err(|e| format!("configuration: {e}"))?;
         if let Some(p) = &cli.model_repository {
             cfg.model_repository.path = p.clone();
+        }
+        if let Some(f) = cli.log_format {
+            cfg.log.format = f;
         }
         if let Some(n) = &cli.model_name {
             cfg.model_repository.model_name = Some(n.clone());

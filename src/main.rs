@@ -18,7 +18,8 @@ use sluice::runtime::Runtime;
 ///
 /// Configuration layers, lowest first: built-in defaults, config/sluice.toml
 /// (or --config), SLUICE_* environment variables (SLUICE_HTTP__PORT=9000),
-/// then these flags. Logging: RUST_LOG (default "info,ort=warn").
+/// then these flags. Logging: RUST_LOG (default "info"; ONNX Runtime's own
+/// messages, target `ort`, stay at warn unless RUST_LOG names `ort`).
 #[derive(Parser, Debug)]
 #[command(name = "sluice", version, about, long_about)]
 struct Cli {
@@ -41,6 +42,9 @@ enum Command {
         /// KServe's storage initializer writes /mnt/models [config: model_repository.model_name].
         #[arg(long, value_name = "NAME")]
         model_name: Option<String>,
+        /// Log lines as readable text or one JSON object per line [config: log.format].
+        #[arg(long, value_name = "FORMAT")]
+        log_format: Option<sluice::config::LogFormat>,
         /// Address to listen on [config: http.host; default 0.0.0.0].
         #[arg(long, value_name = "ADDR")]
         host: Option<IpAddr>,
@@ -70,19 +74,12 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,ort=warn")),
-        )
-        .with_target(false)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     match cli.command {
         Command::Serve {
             config,
             model_repository,
             model_name,
+            log_format,
             host,
             http_port,
             grpc_port,
@@ -91,6 +88,7 @@ fn main() -> ExitCode {
             let cli = CliOverrides {
                 model_repository,
                 model_name,
+                log_format,
                 host,
                 http_port,
                 grpc_port,
@@ -112,16 +110,62 @@ fn main() -> ExitCode {
     }
 }
 
+/// The log filter: `RUST_LOG` (default `info`), with the libraries whose
+/// INFO lines are noise for an operator (ONNX Runtime's `ort`, about 110
+/// lines per model load, and the file watcher's `notify`) kept at `warn`
+/// unless `RUST_LOG` names them.
+fn log_filter(rust_log: Option<&str>) -> String {
+    let mut filter = rust_log
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or("info")
+        .to_string();
+    for quiet in ["ort", "notify"] {
+        let named = filter
+            .split(',')
+            .any(|d| d.trim().split(['=', ':', '[']).next() == Some(quiet));
+        if !named {
+            filter.push_str(&format!(",{quiet}=warn"));
+        }
+    }
+    filter
+}
+
+/// Starts logging to stderr in `format`; each line shows its target
+/// (`ort::logging` for ONNX Runtime's own messages).
+fn init_logging(format: sluice::config::LogFormat) {
+    let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref());
+    let filter = EnvFilter::try_new(&filter).unwrap_or_else(|e| {
+        eprintln!("warning: RUST_LOG={filter:?} is not a valid filter ({e}); using \"info\"");
+        EnvFilter::new(log_filter(None))
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        sluice::config::LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
+        sluice::config::LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
+}
+
 /// Prints one line to stderr and returns exit code 2.
 fn fail(msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("error: {msg}");
     ExitCode::from(2)
 }
 
+/// Loads and checks the configuration, then starts logging as it says.
 fn load_config(file: Option<&Path>, cli: &CliOverrides) -> Result<Config, String> {
     let cfg = Config::load(file, cli)?;
     cfg.validate()
         .map_err(|errs| format!("invalid configuration: {}", errs.join("; ")))?;
+    init_logging(cfg.log.format);
     Ok(cfg)
 }
 
@@ -221,4 +265,22 @@ fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
         Err(e) => return fail(format!("cannot print settings: {e}")),
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+
+    #[test]
+    fn ort_and_notify_stay_at_warn_unless_rust_log_names_them() {
+        assert_eq!(log_filter(None), "info,ort=warn,notify=warn");
+        assert_eq!(log_filter(Some("debug")), "debug,ort=warn,notify=warn");
+        assert_eq!(log_filter(Some("info,ort=info")), "info,ort=info,notify=warn");
+        assert_eq!(
+            log_filter(Some("notify=debug,sluice=trace")),
+            "notify=debug,sluice=trace,ort=warn"
+        );
+        // `ort_x` or `sort` are other crates.
+        assert_eq!(log_filter(Some("sort=info")), "sort=info,ort=warn,notify=warn");
+    }
 }

@@ -240,16 +240,14 @@ fn spawn_serve(mut cmd: Command, args: &[&std::ffi::OsStr]) -> (Reaped, Lines, u
     .stderr(Stdio::piped());
     let mut child = Reaped(cmd.spawn().unwrap());
     let mut log = Lines::new(&mut child);
-    let listening = log.wait_for(&["sluice listening", "http=127.0.0.1:"], Duration::from_secs(30));
-    let port: u16 = listening
-        .split("http=127.0.0.1:")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let listening = log.wait_for(&["sluice listening"], Duration::from_secs(30));
+    // `http=127.0.0.1:PORT` in text, `"http":"127.0.0.1:PORT"` in JSON.
+    let after = ["http=127.0.0.1:", "\"http\":\"127.0.0.1:"]
+        .iter()
+        .find_map(|k| listening.split(k).nth(1))
+        .unwrap_or_else(|| panic!("no HTTP address in {listening}"));
+    let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+    let port: u16 = digits.parse().unwrap();
     assert_ne!(port, 0);
     (child, log, port)
 }
@@ -391,4 +389,57 @@ async fn serve_on_port_0_logs_the_port_serves_and_exits_0_on_sigterm() {
     );
     // Gone: nothing listens on the port any more.
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+}
+
+/// Serves `repo` with `RUST_LOG=rust_log` and `extra` flags until digits is
+/// ready, stops it, and returns its stderr lines.
+async fn serve_log(repo: &std::path::Path, rust_log: &str, extra: &[&str]) -> Vec<String> {
+    let mut cmd = sluice();
+    cmd.env("RUST_LOG", rust_log);
+    let mut args: Vec<&std::ffi::OsStr> = vec!["--model-repository".as_ref(), repo.as_os_str()];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    let (mut child, mut log, port) = spawn_serve(cmd, &args);
+    wait_ready(&reqwest::Client::new(), port).await;
+    log.wait_for(&["model ready", "digits"], Duration::from_secs(10));
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    assert_eq!(wait_for(&mut child, Duration::from_secs(15)).code(), Some(0));
+    log.wait_for(&["sluice stopped"], Duration::from_secs(5));
+    log.seen
+}
+
+#[tokio::test]
+async fn json_logs_carry_their_fields_and_onnx_runtime_stays_quiet_unless_named() {
+    let repo = repo_with(&["digits"]);
+    let lines = serve_log(repo.path(), "info", &["--log-format", "json"]).await;
+    let events: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let ready = events
+        .iter()
+        .find(|e| e["message"] == "model ready")
+        .unwrap_or_else(|| panic!("no `model ready` event: {lines:?}"));
+    for key in ["timestamp", "level", "target", "model", "provider", "inputs"] {
+        assert!(ready.get(key).is_some(), "`{key}` missing from {ready}");
+    }
+    assert_eq!(
+        (&ready["level"], &ready["model"]),
+        (&json!("INFO"), &json!("digits"))
+    );
+    // One short clause for the provider, no advice to install CUDA for `auto`.
+    let provider = ready["provider"].as_str().unwrap();
+    assert!(
+        provider.starts_with("cpu (auto: ") || provider.starts_with("cuda:"),
+        "{provider}"
+    );
+    assert!(!provider.contains("fetch-onnxruntime"), "{provider}");
+    // RUST_LOG=info: nothing from ONNX Runtime; naming `ort` lets it speak.
+    let from_ort = |lines: &[String]| lines.iter().filter(|l| l.contains("ort::")).count();
+    assert_eq!(from_ort(&lines), 0, "{lines:#?}");
+    let chatty = serve_log(repo.path(), "info,ort=info", &[]).await;
+    assert!(from_ort(&chatty) > 10, "{chatty:#?}");
 }

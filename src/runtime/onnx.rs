@@ -217,32 +217,34 @@ impl Runtime for OnnxRuntime {
                 why,
             ))
         };
+        let cuda0 = Device::Cuda(devices[0]);
         let (first, on_cuda, reason) = match settings.execution_provider {
-            ExecutionProvider::Cpu => cpu("execution_provider is \"cpu\"".into())?,
+            ExecutionProvider::Cpu => cpu("cpu (execution_provider \"cpu\")".into())?,
             ExecutionProvider::Cuda if !cuda_built => {
                 return Err(RuntimeError::Provider(format!(
                     "execution_provider \"cuda\": {}",
                     no_cuda()
                 )));
             }
-            ExecutionProvider::Cuda => {
-                match self.session_on(path, settings, Device::Cuda(devices[0]), &shared) {
-                    Ok(s) => (s, true, "execution_provider is \"cuda\"".to_string()),
-                    Err(e) => {
-                        return Err(RuntimeError::Provider(format!(
-                            "execution_provider \"cuda\": CUDA device {} is not usable: {e}",
-                            devices[0]
-                        )))
-                    }
+            ExecutionProvider::Cuda => match self.session_on(path, settings, cuda0, &shared) {
+                Ok(s) => (s, true, format!("{cuda0} (execution_provider \"cuda\")")),
+                Err(e) => {
+                    return Err(RuntimeError::Provider(format!(
+                        "execution_provider \"cuda\": CUDA device {} is not usable: {e}",
+                        devices[0]
+                    )))
                 }
+            },
+            ExecutionProvider::Auto if !cuda_built => {
+                cpu("cpu (auto: this ONNX Runtime build has no CUDA provider)".into())?
             }
-            ExecutionProvider::Auto if !cuda_built => cpu(format!("auto: {}", no_cuda()))?,
-            ExecutionProvider::Auto => {
-                match self.session_on(path, settings, Device::Cuda(devices[0]), &shared) {
-                    Ok(s) => (s, true, format!("auto: CUDA device {} is usable", devices[0])),
-                    Err(e) => cpu(format!("auto: CUDA is not usable ({e}); falling back to CPU"))?,
-                }
-            }
+            ExecutionProvider::Auto => match self.session_on(path, settings, cuda0, &shared) {
+                Ok(s) => (s, true, format!("{cuda0} (auto: CUDA is usable)")),
+                Err(e) => cpu(format!(
+                    "cpu (auto: CUDA device {} is not usable: {e})",
+                    devices[0]
+                ))?,
+            },
         };
         let signature = signature_of(&first.session)
             .map_err(|e| RuntimeError::Unsupported(format!("model `{model}`: {e}")))?;
