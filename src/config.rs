@@ -95,7 +95,8 @@ pub struct RepositoryConfig {
     pub model_name: Option<String>,
     /// How changes are noticed: `events`, `poll`, or `off`.
     pub watch: crate::repository::watcher::WatchMode,
-    /// Seconds between polls when `watch = "poll"`.
+    /// Seconds between polls when `watch = "poll"`, or while the event watch
+    /// is lost (then also the first backoff of its retries).
     pub poll_interval_seconds: f64,
     /// Seconds of quiet that end a burst of changes (one rescan per burst).
     pub debounce_seconds: f64,

@@ -19,6 +19,7 @@ pub const QUEUE_SIZE: &str = "sluice_queue_size";
 pub const MODEL_READY: &str = "sluice_model_ready";
 pub const MODEL_RELOADS: &str = "sluice_model_reloads_total";
 pub const DROPPED: &str = "sluice_requests_dropped_total";
+pub const REPOSITORY_WATCHING: &str = "sluice_repository_watching";
 
 /// Label value for requests to a model the registry does not know (keeps
 /// the `model` label bounded).
@@ -99,6 +100,11 @@ fn describe() {
         Unit::Count,
         "Requests removed from the queue without running, by reason."
     );
+    describe_gauge!(
+        REPOSITORY_WATCHING,
+        Unit::Count,
+        "1 while the model repository's changes are followed (events or poll), 0 while its watch is lost and it is only polled (absent with watch = \"off\")."
+    );
 }
 
 /// A batch was dispatched.
@@ -143,4 +149,9 @@ pub fn model_reload(model: &str, result: &'static str) {
 /// A queued request left without running (`reason`: `client_gone`, `expired`).
 pub fn dropped(model: &str, reason: &'static str) {
     counter!(DROPPED, "model" => model.to_string(), "reason" => reason).increment(1);
+}
+
+/// Whether the model repository's watch works (false: lost, polling while it retries).
+pub fn repository_watching(watching: bool) {
+    gauge!(REPOSITORY_WATCHING).set(if watching { 1.0 } else { 0.0 });
 }

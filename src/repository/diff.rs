@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::time::SystemTime;
 
+use super::files;
 use crate::model::settings::ModelSettings;
 
 /// Identity of the ONNX file: its length and a digest of its content, plus
@@ -29,41 +30,32 @@ impl Eq for FileStamp {}
 
 impl FileStamp {
     /// Stamps `path` (following symlinks, as a ConfigMap's `..data` link
-    /// must be followed); `None` when it cannot be read. The content is only
-    /// read when the metadata differs from `previous` (the last stamp).
-    pub fn of(path: &Path, previous: Option<&FileStamp>) -> Option<FileStamp> {
-        let m = std::fs::metadata(path).ok()?;
-        #[cfg(unix)]
-        let inode = std::os::unix::fs::MetadataExt::ino(&m);
-        #[cfg(not(unix))]
-        let inode = 0;
-        let (len, modified) = (m.len(), m.modified().ok());
-        if let Some(p) = previous.filter(|p| (p.len, p.modified, p.inode) == (len, modified, inode)) {
-            return Some(p.clone());
+    /// must be followed); the error names the file and says why it cannot
+    /// be used (missing, not a regular file, unreadable). The content is
+    /// only read when the metadata differs from `previous` (the last stamp).
+    /// Blocking: the repository calls it from `spawn_blocking`.
+    pub fn of(path: &Path, previous: Option<&FileStamp>) -> Result<FileStamp, String> {
+        let why = |e: std::io::Error| format!("{}: {e}", path.display());
+        let m = std::fs::metadata(path).map_err(why)?;
+        if let Some(p) = previous.filter(|p| m.file_type().is_file() && p.same_metadata(&m)) {
+            return Ok(p.clone());
         }
-        Some(FileStamp {
-            len,
-            digest: digest(path).ok()?,
-            modified,
-            inode,
+        let (m, digest) = files::digest(path).map_err(why)?;
+        Ok(FileStamp {
+            len: m.len(),
+            digest,
+            modified: m.modified().ok(),
+            inode: inode(&m),
         })
+    }
+
+    fn same_metadata(&self, m: &std::fs::Metadata) -> bool {
+        (self.len, self.modified, self.inode) == (m.len(), m.modified().ok(), inode(m))
     }
 }
 
-/// A 64-bit digest of the file's bytes (change detection, not security).
-fn digest(path: &Path) -> std::io::Result<u64> {
-    use std::hash::Hasher;
-    use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
-    let mut h = std::hash::DefaultHasher::new();
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            return Ok(h.finish());
-        }
-        h.write(&buf[..n]);
-    }
+fn inode(m: &std::fs::Metadata) -> u64 {
+    std::os::unix::fs::MetadataExt::ino(m)
 }
 
 /// What a model folder looked like at one scan.
@@ -71,8 +63,9 @@ fn digest(path: &Path) -> std::io::Result<u64> {
 pub struct Stamp {
     /// The parsed settings, or why they are unusable.
     pub settings: Result<ModelSettings, String>,
-    /// The ONNX file named by the settings (None if settings are bad or the file is missing).
-    pub file: Option<FileStamp>,
+    /// The ONNX file named by the settings, or why it cannot be used (the
+    /// message names the file; empty when the settings are unusable).
+    pub file: Result<FileStamp, String>,
 }
 
 /// What to do about a folder that was seen before.
@@ -92,11 +85,7 @@ pub enum Change {
 
 /// Classifies a folder's change. `serving`: the settings and file stamp of
 /// the version that serves now, if any.
-pub fn classify(
-    before: &Stamp,
-    now: &Stamp,
-    serving: Option<(&ModelSettings, &Option<FileStamp>)>,
-) -> Change {
+pub fn classify(before: &Stamp, now: &Stamp, serving: Option<(&ModelSettings, &FileStamp)>) -> Change {
     if before == now {
         return Change::None;
     }
@@ -105,7 +94,7 @@ pub fn classify(
         Ok(s) => s.clone(),
     };
     match serving {
-        Some((old, file)) if *file == now.file && !old.requires_new_sessions(&new) => {
+        Some((old, file)) if now.file.as_ref() == Ok(file) && !old.requires_new_sessions(&new) => {
             if *old == new {
                 Change::None
             } else {
@@ -128,7 +117,7 @@ mod tests {
     fn stamp(json: &str, len: u64) -> Stamp {
         Stamp {
             settings: Ok(settings(json)),
-            file: Some(FileStamp {
+            file: Ok(FileStamp {
                 len,
                 digest: len * 31,
                 modified: None,
@@ -155,7 +144,11 @@ mod tests {
     fn unchanged_is_nothing() {
         let a = stamp("{}", 10);
         assert_eq!(
-            classify(&a, &a.clone(), Some((a.settings.as_ref().unwrap(), &a.file))),
+            classify(
+                &a,
+                &a.clone(),
+                Some((a.settings.as_ref().unwrap(), a.file.as_ref().unwrap()))
+            ),
             Change::None
         );
     }
@@ -169,7 +162,7 @@ mod tests {
         );
         let serving = a.settings.as_ref().unwrap();
         assert!(
-            matches!(classify(&a, &b, Some((serving, &a.file))), Change::BatchingOnly(s) if s.batching.max_batch_size == 4)
+            matches!(classify(&a, &b, Some((serving, a.file.as_ref().unwrap()))), Change::BatchingOnly(s) if s.batching.max_batch_size == 4)
         );
     }
 
@@ -178,11 +171,15 @@ mod tests {
         let a = stamp("{}", 10);
         let serving = a.settings.as_ref().unwrap();
         assert!(matches!(
-            classify(&a, &stamp("{}", 11), Some((serving, &a.file))),
+            classify(&a, &stamp("{}", 11), Some((serving, a.file.as_ref().unwrap()))),
             Change::Reload(_)
         ));
         assert!(matches!(
-            classify(&a, &stamp(r#"{"instances": 2}"#, 10), Some((serving, &a.file))),
+            classify(
+                &a,
+                &stamp(r#"{"instances": 2}"#, 10),
+                Some((serving, a.file.as_ref().unwrap()))
+            ),
             Change::Reload(_)
         ));
         // Nothing serves (the last load failed): any change retries the load.
@@ -197,11 +194,11 @@ mod tests {
         let a = stamp("{}", 10);
         let bad = Stamp {
             settings: Err("`x` is an unknown field".into()),
-            file: None,
+            file: Err(String::new()),
         };
         let serving = a.settings.as_ref().unwrap();
         assert_eq!(
-            classify(&a, &bad, Some((serving, &a.file))),
+            classify(&a, &bad, Some((serving, a.file.as_ref().unwrap()))),
             Change::Invalid("`x` is an unknown field".into())
         );
     }

@@ -12,6 +12,7 @@
 //! the last good version serving and report why (log, index, metric).
 
 pub mod diff;
+pub mod files;
 mod load;
 pub mod registry;
 pub mod scan;
@@ -103,8 +104,8 @@ struct Tracked {
     /// What the folder looked like at the last attempt (so an unchanged
     /// broken folder is not retried on every rescan).
     seen: Stamp,
-    /// The version serving now: its settings, file stamp and handle.
-    serving: Option<(Arc<ModelHandle>, Option<FileStamp>)>,
+    /// The version serving now: its handle (settings inside) and file stamp.
+    serving: Option<(Arc<ModelHandle>, FileStamp)>,
     /// Unloaded through the API: stays unloaded until an API load.
     pinned_unloaded: bool,
 }
@@ -185,10 +186,12 @@ impl Repository {
         (handle, loaded_rx)
     }
 
-    /// Scans the folder and applies every difference.
+    /// Scans the folder and applies every difference. A folder that cannot
+    /// be read is still present (its error keeps the last good version
+    /// serving); a repository that cannot be listed changes nothing.
     async fn rescan(&mut self) -> Result<(), String> {
-        let dirs = scan::scan(&self.layout())?;
-        let present: Vec<String> = dirs.iter().map(|d| d.folder.clone()).collect();
+        let dirs = self.survey(|_| true).await?;
+        let present: Vec<String> = dirs.iter().map(|(d, _)| d.folder.clone()).collect();
         let gone: Vec<String> = self
             .tracked
             .keys()
@@ -198,17 +201,51 @@ impl Repository {
         for folder in gone {
             self.remove(&folder);
         }
-        for md in dirs {
-            self.apply(md, false).await;
+        for (md, now) in dirs {
+            self.apply(md, now, false).await;
         }
         Ok(())
     }
 
-    /// Brings one folder up to date (`force`: also retry an unchanged folder).
-    async fn apply(&mut self, md: ModelDir, force: bool) {
-        let previous = self.tracked.get(&md.folder).and_then(|t| t.seen.file.clone());
-        let now = stamp_of(&md, previous.as_ref());
-        let name = md.name().to_string();
+    /// Scans the repository and stamps the ONNX file of each folder that
+    /// `keep` selects, on a blocking thread: a file or folder that never
+    /// answers blocks that thread, never an async worker.
+    async fn survey<F>(&self, keep: F) -> Result<Vec<(ModelDir, Stamp)>, String>
+    where
+        F: Fn(&ModelDir) -> bool + Send + 'static,
+    {
+        let (root, model_name, defaults) = (self.root.clone(), self.model_name.clone(), self.defaults);
+        let previous: BTreeMap<String, FileStamp> = self
+            .tracked
+            .iter()
+            .filter_map(|(folder, t)| Some((folder.clone(), t.seen.file.clone().ok()?)))
+            .collect();
+        blocking(move || {
+            let layout = scan::Layout {
+                root: &root,
+                model_name: model_name.as_deref(),
+                defaults: &defaults,
+            };
+            let dirs = scan::scan(&layout)?.into_iter().filter(|d| keep(d));
+            Ok(dirs
+                .map(|md| {
+                    let now = stamp_of(&md, previous.get(&md.folder));
+                    (md, now)
+                })
+                .collect())
+        })
+        .await
+    }
+
+    /// Brings one folder, seen as `now`, up to date (`force`: also retry an
+    /// unchanged folder).
+    async fn apply(&mut self, md: ModelDir, now: Stamp, force: bool) {
+        // Unusable settings cannot rename a model: it keeps its name (and
+        // its last good version) instead of counting as removed.
+        let name = match (&md.settings, self.tracked.get(&md.folder)) {
+            (Err(_), Some(t)) => t.name.clone(),
+            _ => md.name().to_string(),
+        };
         if let Some(owner) = self
             .tracked
             .values()
@@ -237,7 +274,7 @@ impl Repository {
         let before = if force {
             Stamp {
                 settings: Err(String::new()),
-                file: None,
+                file: Err(String::new()),
             }
         } else {
             t.seen.clone()
@@ -299,9 +336,13 @@ impl Repository {
     /// Loads a new version beside the serving one and swaps it in.
     async fn reload(&mut self, md: &ModelDir, settings: crate::model::settings::ModelSettings) {
         let name = md.name().to_string();
-        // Stamped at this scan (the metadata matches, so the file is not read again).
-        let seen = self.tracked.get(&md.folder).and_then(|t| t.seen.file.clone());
-        let file = FileStamp::of(&md.dir.join(&settings.uri), seen.as_ref());
+        // Stamped at this scan: a file that cannot be read (missing, not a
+        // regular file) never reaches the runtime.
+        let seen = self.tracked.get(&md.folder).map(|t| t.seen.file.clone());
+        let file = match seen.expect("tracked before reload") {
+            Ok(file) => file,
+            Err(why) => return self.failed(&md.folder, why),
+        };
         match load::build(&self.runtime, &self.pool, &name, &md.dir, settings).await {
             Ok(handle) => {
                 let handle = Arc::new(handle);
@@ -360,13 +401,13 @@ impl Repository {
     }
 
     async fn api_load(&mut self, name: &str) -> Result<(), Error> {
-        let md = self.find_folder(name)?;
+        let (md, now) = self.find_folder(name).await?;
         if let Some(t) = self.tracked.get_mut(&md.folder) {
             t.pinned_unloaded = false;
         }
         let force = self.tracked.get(&md.folder).is_some_and(|t| t.serving.is_none());
         let folder = md.folder.clone();
-        self.apply(md, force).await;
+        self.apply(md, now, force).await;
         let t = self
             .tracked
             .get(&folder)
@@ -402,25 +443,31 @@ impl Repository {
         Ok(())
     }
 
-    /// The folder holding model `name`: refuses names that are not a plain
-    /// folder of the repository (`..`, `/`, absolute paths, symlinks out).
-    fn find_folder(&self, name: &str) -> Result<ModelDir, Error> {
+    /// The folder holding model `name`, as seen now: refuses names that are
+    /// not a plain folder of the repository (`..`, `/`, absolute paths,
+    /// symlinks out).
+    async fn find_folder(&self, name: &str) -> Result<(ModelDir, Stamp), Error> {
         check_name(name)?;
-        if let Some(why) = scan::outside_repository(&self.root, &self.root.join(name)) {
+        let (root, dir) = (self.root.clone(), self.root.join(name));
+        let outside = blocking(move || Ok(scan::outside_repository(&root, &dir)));
+        if let Some(why) = outside.await.map_err(Error::invalid)? {
             return Err(Error::invalid(why));
         }
-        let dirs = scan::scan(&self.layout()).map_err(Error::invalid)?;
-        dirs.into_iter()
-            .find(|d| d.name() == name || d.folder == name)
+        // A folder whose settings cannot be read is found by its model's last name.
+        let tracked = self
+            .tracked
+            .values()
+            .find(|t| t.name == name)
+            .map(|t| t.folder.clone());
+        let wanted = name.to_string();
+        let found = self
+            .survey(move |d| d.name() == wanted || d.folder == wanted || Some(&d.folder) == tracked.as_ref())
+            .await
+            .map_err(Error::invalid)?;
+        found
+            .into_iter()
+            .next()
             .ok_or_else(|| Error::NotFound(format!("model `{name}`: no folder of the repository holds it")))
-    }
-
-    fn layout(&self) -> scan::Layout<'_> {
-        scan::Layout {
-            root: &self.root,
-            model_name: self.model_name.as_deref(),
-            defaults: &self.defaults,
-        }
     }
 
     fn publish(
@@ -456,13 +503,22 @@ fn check_name(name: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// Runs repository file I/O on a blocking thread.
+async fn blocking<T: Send + 'static>(
+    io: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(io)
+        .await
+        .map_err(|e| format!("reading the model repository panicked: {e}"))?
+}
+
 /// The folder as seen now; `previous`: the ONNX file's last stamp.
+/// Blocking (reads the file when its metadata changed).
 fn stamp_of(md: &ModelDir, previous: Option<&FileStamp>) -> Stamp {
-    let file = md
-        .settings
-        .as_ref()
-        .ok()
-        .and_then(|s| FileStamp::of(&md.dir.join(&s.uri), previous));
+    let file = match &md.settings {
+        Ok(s) => FileStamp::of(&md.dir.join(&s.uri), previous),
+        Err(_) => Err(String::new()),
+    };
     Stamp {
         settings: md.settings.clone(),
         file,

@@ -56,7 +56,10 @@ pub fn read_folder(
         [only] if !onnx.iter().any(|f| f == DEFAULT_URI) => PathBuf::from(only),
         _ => PathBuf::from(DEFAULT_URI),
     };
-    let text = match std::fs::read_to_string(&file) {
+    // NotFound is "no settings file"; any other error (unreadable, not a
+    // regular file, too large) is an error, so that a serving model keeps
+    // its last good version instead of counting as removed.
+    let text = match super::files::read_settings(&file) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => match onnx.as_slice() {
             [] => return Ok(None),
@@ -102,13 +105,22 @@ fn check_inside(root: &Path, uri: &Path) -> Result<(), String> {
     }
 }
 
-/// The names of the regular `*.onnx` files directly in `dir`, sorted.
+/// The names of the `*.onnx` entries directly in `dir` that are not
+/// folders or dangling links, sorted. One that is not a regular file (a
+/// FIFO) is listed: stamping it refuses it with a reason that names it.
 fn onnx_files(dir: &Path) -> std::io::Result<Vec<String>> {
     let mut names = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".onnx") && !name.starts_with('.') && entry.path().is_file() {
+        if !name.ends_with(".onnx") || name.starts_with('.') {
+            continue;
+        }
+        let listed = match std::fs::metadata(entry.path()) {
+            Ok(m) => !m.is_dir(),
+            Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+        };
+        if listed {
             names.push(name);
         }
     }
@@ -141,18 +153,37 @@ pub fn outside_repository(root: &Path, dir: &Path) -> Option<String> {
 /// sub-folder holding a `model-settings.json` or exactly one `*.onnx` is a
 /// model; hidden folders (a ConfigMap's `..data`) and symlinks that lead
 /// outside the root are skipped. With `model_name`, the root is the one model.
+/// A folder that cannot be read is listed with the error as its settings
+/// (it stays, so what serves from it keeps serving); a root that cannot be
+/// listed is an error (nothing is removed). Blocking.
 pub fn scan(layout: &Layout) -> Result<Vec<ModelDir>, String> {
     let root = layout.root;
     if let Some(name) = layout.model_name {
         return Ok(vec![single(layout, name)]);
     }
-    let entries = std::fs::read_dir(root).map_err(|e| format!("model repository {}: {e}", root.display()))?;
+    let listing = |e: std::io::Error| format!("model repository {}: {e}", root.display());
     let mut dirs = Vec::new();
-    for entry in entries.flatten() {
+    for entry in std::fs::read_dir(root).map_err(listing)? {
+        let entry = entry.map_err(listing)?;
         let dir = entry.path();
         let folder = entry.file_name().to_string_lossy().into_owned();
-        if folder.starts_with('.') || !dir.is_dir() {
+        if folder.starts_with('.') {
             continue;
+        }
+        match std::fs::metadata(&dir) {
+            Ok(m) if m.is_dir() => {}
+            // A file, or a dangling symlink: not a model folder.
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                let settings = Err(format!("{}: {e}", dir.display()));
+                dirs.push(ModelDir {
+                    folder,
+                    dir,
+                    settings,
+                });
+                continue;
+            }
         }
         if outside_repository(root, &dir).is_some() {
             continue;
@@ -332,6 +363,45 @@ mod tests {
             .settings
             .unwrap();
         assert_eq!((s.name.as_str(), s.batching.max_batch_size), ("m", 8));
+    }
+
+    #[test]
+    fn folders_and_settings_that_cannot_be_read_are_errors_not_absences() {
+        let repo = tempfile::tempdir().unwrap();
+        let root = repo.path();
+        let d = ModelDefaults::default();
+        // The settings path is a folder; a symlink loop (ELOOP); a FIFO.
+        write(&root.join("is_dir/model.onnx"), "x");
+        std::fs::create_dir(root.join("is_dir/model-settings.json")).unwrap();
+        write(&root.join("looped/model.onnx"), "x");
+        std::os::unix::fs::symlink("model-settings.json", root.join("looped/model-settings.json")).unwrap();
+        write(&root.join("fifo/model.onnx"), "x");
+        let fifo = std::ffi::CString::new(
+            root.join("fifo/model-settings.json")
+                .into_os_string()
+                .into_encoded_bytes(),
+        );
+        // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
+        assert_eq!(unsafe { libc::mkfifo(fifo.unwrap().as_ptr(), 0o644) }, 0);
+        // The model folder itself cannot be read: a symlink loop.
+        std::os::unix::fs::symlink("folder_loop", root.join("folder_loop")).unwrap();
+        // A dangling link is not a folder; a bare folder is still a model.
+        std::os::unix::fs::symlink("missing", root.join("dangling")).unwrap();
+        write(&root.join("bare/model.onnx"), "x");
+        let dirs = scan(&layout(root, None, &d)).unwrap();
+        let folders: Vec<&str> = dirs.iter().map(|m| m.folder.as_str()).collect();
+        assert_eq!(folders, ["bare", "fifo", "folder_loop", "is_dir", "looped"]);
+        assert!(dirs[0].settings.is_ok());
+        for (m, why) in dirs[1..]
+            .iter()
+            .zip(["a FIFO", "symbolic links", "a folder", "symbolic links"])
+        {
+            let e = m.settings.as_ref().unwrap_err();
+            assert!(e.contains(&m.folder) && e.contains(why), "{}: {e}", m.folder);
+            if m.folder != "folder_loop" {
+                assert!(e.contains(SETTINGS_FILE), "{e}");
+            }
+        }
     }
 
     /// `path` relative to `base` (both absolute), with `..` steps.

@@ -4,13 +4,18 @@
 //! symlink swap) is one rescan; the rescan then reloads only models whose
 //! folder really changed. The watcher never loads anything itself. Events
 //! come from `notify` (inotify), or in poll mode from a task that compares
-//! snapshots of the folder's metadata.
+//! snapshots of the folder's metadata. When the event watch cannot be
+//! renewed (the root was moved away, or is unreadable for a while), the
+//! watcher falls back to such polling and retries the watch with backoff
+//! until it works again: hot reload never stops silently.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
+
+use crate::metrics;
 
 /// How changes are noticed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -39,9 +44,17 @@ impl Drop for RepoWatcher {
     }
 }
 
+/// The longest wait between two attempts to watch the repository again.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// At most one warning this often while the repository cannot be watched.
+const WARN_EVERY: Duration = Duration::from_secs(30);
+
 /// Starts watching `root` (recursively). After each burst of filesystem
 /// events, once `debounce` passed with no new event, sends `()` on `rescan`
-/// (the repository task holds the receiver).
+/// (the repository task holds the receiver). When the watch cannot be
+/// renewed (the root is gone or unreadable for a while), it polls every
+/// `poll_interval` and retries the watch with backoff until it works again;
+/// `sluice_repository_watching` and the log say which.
 pub fn watch(
     root: &Path,
     mode: WatchMode,
@@ -49,8 +62,9 @@ pub fn watch(
     debounce: Duration,
     rescan: mpsc::UnboundedSender<()>,
 ) -> notify::Result<Option<RepoWatcher>> {
-    // Raw events from notify's own thread (or the poll task) to the debounce task below.
-    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    // Raw events from notify's own thread (or the poll task) to the debounce
+    // task below, which holds the receiver.
+    let (tx, rx) = mpsc::unbounded_channel::<()>();
     let poll_tx = tx.clone();
     let handler = move |res: notify::Result<notify::Event>| match res {
         Ok(ev) if !matches!(ev.kind, notify::EventKind::Access(_)) => {
@@ -80,36 +94,170 @@ pub fn watch(
             tokio::spawn(poll_task(root.clone(), poll_interval, first, poll_tx));
         }
     }
-    let task = tokio::spawn(async move {
-        // The task owns the watcher: it lives exactly as long as the task.
-        // (The poll task stops when this task ends: `rx` is dropped.)
-        let mut watcher = watcher;
-        while rx.recv().await.is_some() {
-            // Drain until quiet for `debounce`.
-            loop {
-                match tokio::time::timeout(debounce, rx.recv()).await {
-                    Ok(Some(())) => continue,
-                    Ok(None) => return,
-                    Err(_) => break,
-                }
-            }
-            // Re-add the watch after each burst: an editor's rename or a
-            // ConfigMap swap replaces inodes, and a replaced root would
-            // otherwise silently stop being watched.
-            if let Some(watcher) = &mut watcher {
-                let _ = watcher.unwatch(&root);
-                if let Err(e) = watcher.watch(&root, RecursiveMode::Recursive) {
-                    tracing::warn!(root = %root.display(), error = %e, "cannot re-watch the model repository");
-                }
-            }
-            tracing::debug!(root = %root.display(), "repository changed; rescanning");
-            if rescan.send(()).is_err() {
-                return;
-            }
-        }
-    });
+    metrics::repository_watching(true);
+    let follow = Follow {
+        root,
+        watcher,
+        poll_interval,
+        debounce,
+        rescan,
+    };
+    let task = tokio::spawn(follow.run(rx));
     tracing::info!(mode = ?mode, "watching the model repository");
     Ok(Some(RepoWatcher { task }))
+}
+
+/// The debounce task's state.
+struct Follow {
+    root: PathBuf,
+    /// The event watcher (`None` in poll mode). Owned by the task: it lives
+    /// exactly as long as the task. `None` in events mode only if a re-watch
+    /// panicked; then it polls for good.
+    watcher: Option<Box<dyn Watcher + Send>>,
+    poll_interval: Duration,
+    debounce: Duration,
+    /// To the repository task, which holds the receiver.
+    rescan: mpsc::UnboundedSender<()>,
+}
+
+/// While the repository cannot be watched: when to try again, and what
+/// the polls in between saw.
+struct Lost {
+    since: Instant,
+    next_try: Instant,
+    backoff: Duration,
+    last_warning: Instant,
+    /// The last poll's snapshot (`None` before the first poll).
+    last: Option<Vec<EntryStamp>>,
+}
+
+impl Follow {
+    /// Follows `events` (raw events; the poll task stops when this task
+    /// ends and drops the receiver) until the repository task is gone.
+    async fn run(mut self, mut events: mpsc::UnboundedReceiver<()>) {
+        let events_mode = self.watcher.is_some();
+        let mut lost: Option<Lost> = None;
+        // Ticks on its own schedule, so a steady stream of events cannot
+        // starve the polls and retries while the watch is lost.
+        let mut poll = tokio::time::interval(self.poll_interval);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let changed = tokio::select! {
+                ev = events.recv() => match ev {
+                    None => return,
+                    Some(()) => {
+                        quiet(self.debounce, &mut events).await;
+                        // Re-add the watch after each burst: an editor's rename or a
+                        // ConfigMap swap replaces inodes, and a replaced root would
+                        // otherwise silently stop being watched.
+                        if events_mode && lost.is_none() {
+                            if let Err(e) = self.rewatch().await {
+                                lost = Some(self.lose(&e));
+                            }
+                        }
+                        true
+                    }
+                },
+                _ = poll.tick(), if lost.is_some() => {
+                    let l = lost.as_mut().expect("polled only while lost");
+                    if self.retry(l).await {
+                        lost = None;
+                        true
+                    } else {
+                        self.changed_since(l).await
+                    }
+                }
+            };
+            if changed {
+                tracing::debug!(root = %self.root.display(), "repository changed; rescanning");
+                if self.rescan.send(()).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Watches the root again (on a blocking thread: it walks the tree).
+    async fn rewatch(&mut self) -> Result<(), String> {
+        let Some(mut watcher) = self.watcher.take() else {
+            return Err("the event watcher was lost".into());
+        };
+        let root = self.root.clone();
+        let renewed = tokio::task::spawn_blocking(move || {
+            let _ = watcher.unwatch(&root);
+            let result = watcher.watch(&root, RecursiveMode::Recursive);
+            (watcher, result)
+        })
+        .await;
+        match renewed {
+            Ok((watcher, result)) => {
+                self.watcher = Some(watcher);
+                result.map_err(|e| e.to_string())
+            }
+            Err(e) => Err(format!("re-watching panicked: {e}")),
+        }
+    }
+
+    /// The watch could not be renewed: poll until it can.
+    fn lose(&self, error: &str) -> Lost {
+        metrics::repository_watching(false);
+        tracing::warn!(
+            root = %self.root.display(), error = %error, poll_interval = ?self.poll_interval,
+            "cannot watch the model repository; polling it and retrying the watch with backoff"
+        );
+        let now = Instant::now();
+        Lost {
+            since: now,
+            next_try: now + self.poll_interval,
+            backoff: self.poll_interval,
+            last_warning: now,
+            last: None,
+        }
+    }
+
+    /// Tries the watch again if its backoff has passed; true when it works.
+    async fn retry(&mut self, l: &mut Lost) -> bool {
+        if Instant::now() < l.next_try {
+            return false;
+        }
+        match self.rewatch().await {
+            Ok(()) => {
+                metrics::repository_watching(true);
+                tracing::info!(root = %self.root.display(), after = ?l.since.elapsed(), "watching the model repository again");
+                true
+            }
+            Err(e) => {
+                l.backoff = (l.backoff * 2).min(MAX_BACKOFF.max(self.poll_interval));
+                l.next_try = Instant::now() + l.backoff;
+                if l.last_warning.elapsed() >= WARN_EVERY {
+                    l.last_warning = Instant::now();
+                    tracing::warn!(
+                        root = %self.root.display(), error = %e, since = ?l.since.elapsed(),
+                        "still cannot watch the model repository; polling it"
+                    );
+                }
+                false
+            }
+        }
+    }
+
+    /// Polls the repository (on a blocking thread): true when it differs
+    /// from the last poll (always at the first).
+    async fn changed_since(&mut self, l: &mut Lost) -> bool {
+        let root = self.root.clone();
+        let Ok(now) = tokio::task::spawn_blocking(move || snapshot(&root)).await else {
+            return false;
+        };
+        let changed = l.last.as_ref() != Some(&now);
+        l.last = Some(now);
+        changed
+    }
+}
+
+/// Drains `events` until quiet for `debounce`. (A free function: the
+/// watcher is not `Sync`, so no `&Follow` may be held across an await.)
+async fn quiet(debounce: Duration, events: &mut mpsc::UnboundedReceiver<()>) {
+    while let Ok(Some(())) = tokio::time::timeout(debounce, events.recv()).await {}
 }
 
 /// What one entry of the repository looked like at a poll.

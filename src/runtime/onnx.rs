@@ -196,8 +196,19 @@ impl Runtime for OnnxRuntime {
             path: path.display().to_string(),
             message,
         };
-        if !path.is_file() {
-            return Err(load_err("file not found".into()));
+        // Only a regular file (symlinks followed) reaches ONNX Runtime: a
+        // FIFO or a device would block or never end its read.
+        match std::fs::metadata(path) {
+            Ok(m) if m.file_type().is_file() => {}
+            Ok(_) => {
+                return Err(load_err(
+                    "not a regular file (a FIFO, device, socket or folder); refused".into(),
+                ))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(load_err("file not found".into()))
+            }
+            Err(e) => return Err(load_err(e.to_string())),
         }
         let cuda_built = ep::CUDA::is_available().unwrap_or(false);
         let no_cuda = || {
