@@ -20,6 +20,7 @@ pub const MODEL_READY: &str = "sluice_model_ready";
 pub const MODEL_RELOADS: &str = "sluice_model_reloads_total";
 pub const DROPPED: &str = "sluice_requests_dropped_total";
 pub const REPOSITORY_WATCHING: &str = "sluice_repository_watching";
+pub const MODEL_MEMORY: &str = "sluice_model_memory_bytes";
 
 /// Label value for requests to a model the registry does not know (keeps
 /// the `model` label bounded).
@@ -94,6 +95,11 @@ fn describe() {
     );
     describe_gauge!(QUEUE_SIZE, Unit::Count, "Requests waiting for a batch.");
     describe_gauge!(MODEL_READY, Unit::Count, "1 while the model serves, else 0.");
+    describe_gauge!(
+        MODEL_MEMORY,
+        Unit::Bytes,
+        "Memory the serving version of the model holds, by device (`cpu`: resident growth over its load and warm-up)."
+    );
     describe_counter!(MODEL_RELOADS, Unit::Count, "Model loads and reloads, by result.");
     describe_counter!(
         DROPPED,
@@ -139,6 +145,11 @@ pub fn queue_size(model: &str, n: usize) {
 /// Whether `model` serves.
 pub fn model_ready(model: &str, ready: bool) {
     gauge!(MODEL_READY, "model" => model.to_string()).set(if ready { 1.0 } else { 0.0 });
+}
+
+/// The serving version of `model` holds `bytes` on `device` (`cpu`, `cuda:N`); 0 once it is gone.
+pub fn model_memory(model: &str, device: &str, bytes: u64) {
+    gauge!(MODEL_MEMORY, "model" => model.to_string(), "device" => device.to_string()).set(bytes as f64);
 }
 
 /// A load or reload finished (`result`: `loaded`, `failed`, `rolled_back`, `unloaded`, ...).

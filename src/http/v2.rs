@@ -144,6 +144,10 @@ pub struct IndexEntry {
     state: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<String>,
+    /// What the serving version holds in memory (sluice's addition, for
+    /// placement by e.g. ModelMesh); absent when no version serves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory: Option<crate::model::Memory>,
 }
 
 /// `POST /v2/repository/index`: every model with its state and, when not ready, why.
@@ -159,6 +163,7 @@ pub async fn repository_index(State(state): State<AppState>) -> Json<Vec<IndexEn
                     _ => e.note.clone(),
                 },
                 state: e.state.as_str(),
+                memory: e.handle.as_ref().map(|h| h.memory),
                 name: e.name,
                 version: e.version,
             })

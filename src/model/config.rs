@@ -4,7 +4,7 @@
 
 use super::ModelHandle;
 use crate::protocol::model_config::{DynamicBatching, ModelConfig, QueuePolicy};
-use crate::protocol::statistics::ModelStatistics;
+use crate::protocol::statistics::{MemoryUsage, ModelStatistics};
 
 fn micros(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
@@ -41,6 +41,12 @@ impl ModelHandle {
 
     /// The model's cumulative statistics.
     pub fn statistics(&self) -> ModelStatistics {
-        self.batcher().stats().snapshot(&self.name, self.stats_version())
+        let mut stats = self.batcher().stats().snapshot(&self.name, self.stats_version());
+        stats.memory_usage = vec![MemoryUsage {
+            kind: "CPU".into(),
+            id: 0,
+            byte_size: self.memory.host_bytes,
+        }];
+        stats
     }
 }

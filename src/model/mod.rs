@@ -24,7 +24,21 @@ pub struct ModelHandle {
     pub signature: Signature,
     /// Why the execution provider was chosen (shown by `sluice check`, logged at load).
     pub provider_reason: String,
+    /// What this version holds in memory.
+    pub memory: Memory,
     batcher: Batcher,
+}
+
+/// What one version of a model holds in memory: reported in the repository
+/// index, in its statistics (`memory_usage`) and as `sluice_model_memory_bytes`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Memory {
+    /// Growth of the process's resident memory while this version loaded and
+    /// warmed up: its sessions, their arenas and its weights (other work at
+    /// the same time blurs it; it is never negative).
+    pub host_bytes: u64,
+    /// Bytes of the weights (initializers) in its ONNX file.
+    pub weights_bytes: u64,
 }
 
 impl ModelHandle {
@@ -33,6 +47,7 @@ impl ModelHandle {
         settings: ModelSettings,
         signature: Signature,
         provider_reason: String,
+        memory: Memory,
         batcher: Batcher,
     ) -> Self {
         ModelHandle {
@@ -40,6 +55,7 @@ impl ModelHandle {
             settings,
             signature,
             provider_reason,
+            memory,
             batcher,
         }
     }
@@ -52,6 +68,7 @@ impl ModelHandle {
             settings,
             signature: self.signature.clone(),
             provider_reason: self.provider_reason.clone(),
+            memory: self.memory,
             batcher: self.batcher.clone(),
         }
     }

@@ -149,6 +149,7 @@ impl ModelStats {
                 cache_miss: StatisticDuration::default(),
             },
             batch_stats,
+            memory_usage: Vec::new(),
         }
     }
 }

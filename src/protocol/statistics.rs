@@ -61,6 +61,18 @@ pub struct ModelStatistics {
     pub inference_stats: InferStatistics,
     /// One entry per batch size run, smallest first.
     pub batch_stats: Vec<BatchStatistics>,
+    /// Memory the model holds, per device (Triton's `memory_usage`).
+    #[serde(default)]
+    pub memory_usage: Vec<MemoryUsage>,
+}
+
+/// Memory held on one device: `type` `CPU` (id 0) or `GPU` (id = device).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryUsage {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub id: i64,
+    pub byte_size: u64,
 }
 
 /// Body of `GET /v2/models[/{name}]/stats`.
@@ -105,6 +117,15 @@ impl From<&ModelStatistics> for inference::ModelStatistics {
                     compute_input: Some(b.compute_input.into()),
                     compute_infer: Some(b.compute_infer.into()),
                     compute_output: Some(b.compute_output.into()),
+                })
+                .collect(),
+            memory_usage: m
+                .memory_usage
+                .iter()
+                .map(|u| inference::MemoryUsage {
+                    r#type: u.kind.clone(),
+                    id: u.id,
+                    byte_size: u.byte_size,
                 })
                 .collect(),
         }

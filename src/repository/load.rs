@@ -10,7 +10,7 @@ use crate::batcher::Batcher;
 use crate::error::error_chain;
 use crate::model::settings::ModelSettings;
 use crate::model::warmup;
-use crate::model::ModelHandle;
+use crate::model::{Memory, ModelHandle};
 use crate::pool::{ModelWorkers, Pool};
 use crate::runtime::Runtime;
 
@@ -24,6 +24,7 @@ pub async fn build(
     mut settings: ModelSettings,
 ) -> Result<ModelHandle, String> {
     let path = dir.join(&settings.uri);
+    let resident_before = crate::runtime::resident_bytes();
     let rt = runtime.clone();
     let (n, p, s) = (name.to_string(), path.clone(), settings.clone());
     let loaded = tokio::task::spawn_blocking(move || rt.load(&n, &p, &s))
@@ -58,6 +59,10 @@ pub async fn build(
             .map_err(|_| "a session thread died during warm-up".to_string())??;
     }
     let batcher = Batcher::spawn(name, settings.batching, Arc::new(workers), outputs);
+    let memory = Memory {
+        host_bytes: crate::runtime::resident_bytes().saturating_sub(resident_before),
+        weights_bytes: loaded.weights_bytes,
+    };
     tracing::info!(
         model = %name,
         version = settings.version.as_deref().unwrap_or("-"),
@@ -68,6 +73,8 @@ pub async fn build(
         max_batch_size = settings.batching.max_batch_size,
         policy = ?settings.batching.policy,
         warmup = ?started.elapsed(),
+        host_bytes = memory.host_bytes,
+        weights_bytes = memory.weights_bytes,
         "model ready"
     );
     Ok(ModelHandle::new(
@@ -75,6 +82,7 @@ pub async fn build(
         settings,
         loaded.signature,
         loaded.provider_reason,
+        memory,
         batcher,
     ))
 }

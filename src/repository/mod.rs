@@ -396,6 +396,7 @@ impl Repository {
             tracing::info!(model = %t.name, queued, "model folder removed; draining, then unloading");
             self.registry.remove(&t.name);
             metrics::model_ready(&t.name, false);
+            metrics::model_memory(&t.name, "cpu", 0);
             metrics::model_reload(&t.name, "unloaded");
         }
     }
@@ -479,6 +480,7 @@ impl Repository {
         note: Option<String>,
     ) {
         metrics::model_ready(name, state == ModelState::Ready);
+        metrics::model_memory(name, "cpu", handle.as_ref().map_or(0, |h| h.memory.host_bytes));
         let version = handle.as_ref().and_then(|h| h.settings.version.clone());
         self.registry.set(ModelEntry {
             name: name.to_string(),

@@ -29,6 +29,19 @@ impl fmt::Display for Device {
     }
 }
 
+/// The process's resident memory in bytes (0 where /proc is not readable).
+pub fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf only reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * u64::try_from(page).unwrap_or(4096)
+}
+
 /// A model loaded into `instances` sessions.
 pub struct LoadedModel {
     /// Inputs and outputs as the ONNX file declares them.
@@ -37,6 +50,8 @@ pub struct LoadedModel {
     pub sessions: Vec<(Device, Box<dyn Session>)>,
     /// Why the provider was chosen (logged once per load).
     pub provider_reason: String,
+    /// Bytes of the weights (initializers) in the ONNX file.
+    pub weights_bytes: u64,
 }
 
 /// Loads models. Shared by every model; cheap to call from a blocking thread.

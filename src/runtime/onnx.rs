@@ -277,6 +277,7 @@ impl Runtime for OnnxRuntime {
             signature,
             sessions,
             provider_reason: reason,
+            weights_bytes: super::weights::size(path).map_err(load_err)?,
         })
     }
 }

@@ -101,3 +101,36 @@ where
     let size = n * N;
     Some((Tensor::from_array((dims.to_vec(), data)).ok()?.into_dyn(), size))
 }
+
+/// Bytes of the initializers (the weights) stored in the ONNX file at
+/// `path`: each tensor's element count times its element size (strings and
+/// tensors stored in external files are not counted).
+pub fn size(path: &Path) -> Result<u64, String> {
+    let bytes = bytes::Bytes::from(std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?);
+    let model =
+        onnx::ModelProto::decode(bytes).map_err(|e| format!("{}: not an ONNX model: {e}", path.display()))?;
+    let total = model
+        .graph
+        .map(|g| g.initializer)
+        .unwrap_or_default()
+        .iter()
+        .filter(|t| t.data_location == 0)
+        .map(|t| {
+            // TensorProto.DataType -> bytes per element (0: not counted).
+            let element: u64 = match t.data_type {
+                2 | 3 | 9 => 1,
+                4 | 5 | 10 | 16 => 2,
+                1 | 6 | 12 => 4,
+                7 | 11 | 13 => 8,
+                _ => 0,
+            };
+            let n = t
+                .dims
+                .iter()
+                .map(|&d| u64::try_from(d).unwrap_or(0))
+                .product::<u64>();
+            n * element
+        })
+        .sum();
+    Ok(total)
+}

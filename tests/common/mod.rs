@@ -209,7 +209,9 @@ impl TestServer {
         (r.status().as_u16(), r.text().await.unwrap())
     }
 
-    /// `POST /v2/repository/index`, as a map from model name to its entry.
+    /// `POST /v2/repository/index`, as a map from model name to its entry,
+    /// each without its `memory` (a measurement; `tests/memory.rs` checks
+    /// it), which a serving model's entry must have.
     pub async fn index(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
         let (st, body) = self.post("/v2/repository/index", &serde_json::json!({})).await;
         assert_eq!(st, 200, "{body}");
@@ -218,7 +220,17 @@ impl TestServer {
             .unwrap_or_else(|| panic!("index is not an array: {body}"));
         entries
             .iter()
-            .map(|e| (e["name"].as_str().unwrap().to_string(), e.clone()))
+            .map(|e| {
+                let mut e = e.clone();
+                let memory = e.as_object_mut().unwrap().remove("memory");
+                if e["state"] == "READY" {
+                    assert!(
+                        memory.is_some_and(|m| m["weights_bytes"].is_u64()),
+                        "no memory in {e}"
+                    );
+                }
+                (e["name"].as_str().unwrap().to_string(), e)
+            })
             .collect()
     }
 }
