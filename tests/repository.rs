@@ -51,6 +51,21 @@ async fn failed_folders_are_unavailable_with_a_reason_and_good_ones_serve() {
 
     let broken = reason(&index["broken"]);
     assert!(broken.contains("broken/model.onnx"), "{broken}");
+    // Files are named relative to the repository, never by host path.
+    let host = repo.path().canonicalize().unwrap();
+    for (name, e) in &index {
+        let text = e.to_string();
+        assert!(
+            !text.contains(repo.path().to_str().unwrap()) && !text.contains(host.to_str().unwrap()),
+            "{name}: {text}"
+        );
+    }
+    let (st, body) = s.post("/v2/models/broken/infer", &json!({"inputs": []})).await;
+    assert_eq!(st, 503, "{body}");
+    assert!(
+        !body.to_string().contains(repo.path().to_str().unwrap()),
+        "{body}"
+    );
     let typo = reason(&index["typo"]);
     assert!(typo.contains("model-settings.json"), "{typo}");
     assert!(typo.contains("`max_batch_sise` is an unknown field"), "{typo}");

@@ -207,6 +207,24 @@ impl Repository {
         Ok(())
     }
 
+    /// `msg` with the repository's path (as configured, and as resolved)
+    /// taken off the paths it names: `digits/model.onnx`, not the host's
+    /// `/srv/models/digits/model.onnx`.
+    fn relative(&self, msg: &str) -> String {
+        let mut out = msg.to_string();
+        let resolved = self.root.canonicalize().ok();
+        for root in std::iter::once(self.root.as_path()).chain(resolved.as_deref()) {
+            let shown = root.display().to_string();
+            if shown.is_empty() || shown == "/" {
+                continue;
+            }
+            out = out.replace(&format!("{shown}/"), "");
+            // The root itself (the single-model layout's files are in it).
+            out = out.replace(&shown, "the model repository");
+        }
+        out
+    }
+
     /// Scans the repository and stamps the ONNX file of each folder that
     /// `keep` selects, on a blocking thread: a file or folder that never
     /// answers blocks that thread, never an async worker.
@@ -369,17 +387,21 @@ impl Repository {
 
     /// A load or change failed: keep the serving version if there is one.
     fn failed(&mut self, folder: &str, reason: String) {
+        // The log keeps the full paths; what clients see (the index, API
+        // answers) names files relative to the repository.
+        let shown = self.relative(&reason);
         let t = self.tracked.get(folder).expect("tracked before failing");
         let (name, dir) = (t.name.clone(), t.dir.clone());
         metrics::model_reload(&name, "failed");
         match &t.serving {
             Some((handle, _)) => {
                 tracing::error!(model = %name, folder = %dir.display(), error = %reason, "change refused; the last good version keeps serving");
-                let note = format!("last change refused, serving the previous version: {reason}");
+                let note = format!("last change refused, serving the previous version: {shown}");
                 self.publish(&name, &dir, ModelState::Ready, Some(handle.clone()), Some(note));
             }
             None => {
                 tracing::error!(model = %name, folder = %dir.display(), error = %reason, "model not loaded");
+                let reason = shown;
                 self.publish(&name, &dir, ModelState::Unavailable { reason }, None, None);
             }
         }
