@@ -42,6 +42,9 @@ pub enum Error {
     /// The server is draining and takes no new requests.
     #[error("server is shutting down")]
     ShuttingDown,
+    /// A bug inside sluice (a panic caught where it happened); the message says where.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 /// Stable, machine-readable error codes (what callers and metrics branch on).
@@ -56,6 +59,7 @@ pub enum ErrorKind {
     Runtime,
     Unsupported,
     ShuttingDown,
+    Internal,
 }
 
 impl ErrorKind {
@@ -71,6 +75,7 @@ impl ErrorKind {
             ErrorKind::Runtime => "runtime",
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::ShuttingDown => "shutting_down",
+            ErrorKind::Internal => "internal",
         }
     }
 }
@@ -92,6 +97,7 @@ impl Error {
             Error::Runtime { .. } => ErrorKind::Runtime,
             Error::Unsupported(_) => ErrorKind::Unsupported,
             Error::ShuttingDown => ErrorKind::ShuttingDown,
+            Error::Internal(_) => ErrorKind::Internal,
         }
     }
 }

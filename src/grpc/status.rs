@@ -16,7 +16,7 @@ pub fn code_of(kind: ErrorKind) -> Code {
         ErrorKind::Overloaded | ErrorKind::ModelNotReady | ErrorKind::ShuttingDown => Code::Unavailable,
         ErrorKind::DeadlineExceeded => Code::DeadlineExceeded,
         ErrorKind::Unsupported => Code::Unimplemented,
-        ErrorKind::Runtime => Code::Internal,
+        ErrorKind::Runtime | ErrorKind::Internal => Code::Internal,
     }
 }
 

@@ -28,7 +28,7 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
         }
         ErrorKind::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
         ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
-        ErrorKind::Runtime => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::Runtime | ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 

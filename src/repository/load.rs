@@ -8,11 +8,65 @@ use std::time::Instant;
 use super::describe;
 use crate::batcher::Batcher;
 use crate::error::error_chain;
+use crate::error::Error;
 use crate::model::settings::ModelSettings;
 use crate::model::warmup;
 use crate::model::{Memory, ModelHandle};
 use crate::pool::{ModelWorkers, Pool};
-use crate::runtime::Runtime;
+use crate::runtime::{Runtime, RuntimeError};
+
+/// Why a version of a model could not be loaded, by what it takes to fix it
+/// (the repository API answers with the matching status).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadError {
+    /// The operator's files: settings, the ONNX file, a declared signature (400).
+    Files(String),
+    /// The execution provider cannot be had on this machine (503).
+    Provider(String),
+    /// A crash inside sluice or ONNX Runtime while loading (500).
+    Internal(String),
+}
+
+impl LoadError {
+    /// The message, naming what failed.
+    pub fn message(&self) -> &str {
+        match self {
+            LoadError::Files(m) | LoadError::Provider(m) | LoadError::Internal(m) => m,
+        }
+    }
+
+    /// The same error with its message rewritten (e.g. paths made relative).
+    pub fn map(self, f: impl FnOnce(&str) -> String) -> LoadError {
+        match &self {
+            LoadError::Files(m) => LoadError::Files(f(m)),
+            LoadError::Provider(m) => LoadError::Provider(f(m)),
+            LoadError::Internal(m) => LoadError::Internal(f(m)),
+        }
+    }
+
+    /// What the repository API answers for model `name`.
+    pub fn to_error(&self, name: &str) -> Error {
+        let msg = format!("model `{name}` failed to load: {}", self.message());
+        match self {
+            LoadError::Files(_) => Error::InvalidInput(msg),
+            LoadError::Provider(m) => Error::ModelNotReady {
+                name: name.to_string(),
+                reason: m.clone(),
+            },
+            LoadError::Internal(_) => Error::Internal(msg),
+        }
+    }
+}
+
+impl From<RuntimeError> for LoadError {
+    fn from(e: RuntimeError) -> Self {
+        match &e {
+            RuntimeError::Provider(_) => LoadError::Provider(error_chain(&e)),
+            RuntimeError::Library(_) | RuntimeError::Run(_) => LoadError::Internal(error_chain(&e)),
+            _ => LoadError::Files(error_chain(&e)),
+        }
+    }
+}
 
 /// Loads `settings` from the folder `dir` into a new, warmed-up version.
 /// The error names what failed (file, provider, warm-up).
@@ -22,16 +76,17 @@ pub async fn build(
     name: &str,
     dir: &std::path::Path,
     mut settings: ModelSettings,
-) -> Result<ModelHandle, String> {
+) -> Result<ModelHandle, LoadError> {
     let path = dir.join(&settings.uri);
     let resident_before = crate::runtime::resident_bytes();
     let rt = runtime.clone();
     let (n, p, s) = (name.to_string(), path.clone(), settings.clone());
     let loaded = tokio::task::spawn_blocking(move || rt.load(&n, &p, &s))
         .await
-        .map_err(|e| format!("loading panicked: {e}"))?
-        .map_err(|e| error_chain(&e))?;
-    settings.check_declared(&loaded.signature)?;
+        .map_err(|e| LoadError::Internal(format!("loading {} panicked: {e}", path.display())))??;
+    settings
+        .check_declared(&loaded.signature)
+        .map_err(LoadError::Files)?;
     if !settings.unused.is_empty() {
         tracing::info!(
             model = %name,
@@ -56,7 +111,8 @@ pub async fn build(
     let (workers, warmed) = ModelWorkers::spawn(name, loaded.sessions, pool, warm, outputs.clone());
     for w in warmed {
         w.await
-            .map_err(|_| "a session thread died during warm-up".to_string())??;
+            .map_err(|_| LoadError::Internal("a session thread died during warm-up".into()))?
+            .map_err(LoadError::Files)?;
     }
     let batcher = Batcher::spawn(name, settings.batching, Arc::new(workers), outputs);
     let memory = Memory {

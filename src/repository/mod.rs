@@ -34,6 +34,7 @@ use crate::model::ModelHandle;
 use crate::pool::Pool;
 use crate::runtime::Runtime;
 use diff::{classify, Change, FileStamp, Stamp};
+use load::LoadError;
 use scan::ModelDir;
 
 /// Requests to the repository task.
@@ -108,6 +109,9 @@ struct Tracked {
     serving: Option<(Arc<ModelHandle>, FileStamp)>,
     /// Unloaded through the API: stays unloaded until an API load.
     pinned_unloaded: bool,
+    /// Why the last change was refused, until one succeeds (what an API
+    /// load of it answers).
+    refused: Option<LoadError>,
 }
 
 /// The repository task's state.
@@ -165,25 +169,37 @@ impl Repository {
         });
         let mut repo = self;
         tokio::spawn(async move {
-            let first = repo.rescan().await;
+            let first = supervised("the start-up scan", repo.rescan())
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
             let _ = loaded_tx.send(first);
             while let Some(cmd) = rx.recv().await {
-                match cmd {
-                    Command::Rescan => {
-                        if let Err(e) = repo.rescan().await {
-                            tracing::error!(error = %e, "cannot rescan the model repository");
-                        }
-                    }
-                    Command::Load { name, reply } => {
-                        let _ = reply.send(repo.api_load(&name).await);
-                    }
-                    Command::Unload { name, reply } => {
-                        let _ = reply.send(repo.api_unload(&name));
-                    }
-                }
+                repo.run(cmd).await;
             }
         });
         (handle, loaded_rx)
+    }
+
+    /// Runs one command. A panic inside it is caught and logged, and the
+    /// caller answered with an internal error: the task goes on to the next
+    /// command, so one bug cannot stop every later reload.
+    async fn run(&mut self, cmd: Command) {
+        match cmd {
+            Command::Rescan => match supervised("a rescan", self.rescan()).await {
+                Ok(Err(e)) => tracing::error!(error = %e, "cannot rescan the model repository"),
+                Ok(Ok(())) | Err(_) => {}
+            },
+            Command::Load { name, reply } => {
+                let what = format!("loading `{name}`");
+                let r = supervised(&what, self.api_load(&name)).await;
+                let _ = reply.send(r.and_then(|r| r));
+            }
+            Command::Unload { name, reply } => {
+                let what = format!("unloading `{name}`");
+                let r = supervised(&what, async { self.api_unload(&name) }).await;
+                let _ = reply.send(r.and_then(|r| r));
+            }
+        }
     }
 
     /// Scans the folder and applies every difference. A folder that cannot
@@ -304,14 +320,16 @@ impl Repository {
             // The folder changed back to exactly what serves (a refused edit
             // was undone): the note about the refused change no longer holds.
             Change::None if changed => {
+                t.refused = None;
                 if let Some((handle, _)) = t.serving.clone() {
                     self.publish(&name, &md.dir, ModelState::Ready, Some(handle), None);
                 }
             }
             Change::None => {}
-            Change::Invalid(reason) => self.failed(&md.folder, reason),
+            Change::Invalid(reason) => self.failed(&md.folder, LoadError::Files(reason)),
             Change::BatchingOnly(settings) => {
                 let t = self.tracked.get_mut(&md.folder).expect("tracked above");
+                t.refused = None;
                 let (old, file) = t
                     .serving
                     .clone()
@@ -340,10 +358,11 @@ impl Repository {
                 seen: now.clone(),
                 serving: None,
                 pinned_unloaded: false,
+                refused: None,
             },
         );
         match now.settings {
-            Err(reason) => self.failed(&md.folder, reason),
+            Err(reason) => self.failed(&md.folder, LoadError::Files(reason)),
             Ok(settings) => {
                 self.publish(&name, &md.dir, ModelState::Loading, None, None);
                 self.reload(&md, settings).await;
@@ -359,12 +378,13 @@ impl Repository {
         let seen = self.tracked.get(&md.folder).map(|t| t.seen.file.clone());
         let file = match seen.expect("tracked before reload") {
             Ok(file) => file,
-            Err(why) => return self.failed(&md.folder, why),
+            Err(why) => return self.failed(&md.folder, LoadError::Files(why)),
         };
         match load::build(&self.runtime, &self.pool, &name, &md.dir, settings).await {
             Ok(handle) => {
                 let handle = Arc::new(handle);
                 let t = self.tracked.get_mut(&md.folder).expect("tracked before reload");
+                t.refused = None;
                 let old = t.serving.replace((handle.clone(), file));
                 let result = match old {
                     Some((old, _)) => {
@@ -386,10 +406,14 @@ impl Repository {
     }
 
     /// A load or change failed: keep the serving version if there is one.
-    fn failed(&mut self, folder: &str, reason: String) {
+    fn failed(&mut self, folder: &str, error: LoadError) {
         // The log keeps the full paths; what clients see (the index, API
         // answers) names files relative to the repository.
-        let shown = self.relative(&reason);
+        let reason = error.message().to_string();
+        let error = error.map(|m| self.relative(m));
+        let shown = error.message().to_string();
+        let t = self.tracked.get_mut(folder).expect("tracked before failing");
+        t.refused = Some(error);
         let t = self.tracked.get(folder).expect("tracked before failing");
         let (name, dir) = (t.name.clone(), t.dir.clone());
         metrics::model_reload(&name, "failed");
@@ -435,6 +459,9 @@ impl Repository {
             .tracked
             .get(&folder)
             .ok_or_else(|| Error::NotFound(format!("model `{name}`: not loaded")))?;
+        if let Some(refused) = &t.refused {
+            return Err(refused.to_error(name));
+        }
         match self.registry.get(&t.name) {
             Some(e) if e.state == ModelState::Ready => Ok(()),
             Some(e) => Err(Error::invalid(format!(
@@ -515,6 +542,21 @@ impl Repository {
     }
 }
 
+/// Awaits `fut`, turning a panic inside it into [`Error::Internal`] (and an
+/// error line naming `what`) instead of ending the repository task.
+async fn supervised<T>(what: &str, fut: impl std::future::Future<Output = T>) -> Result<T, Error> {
+    use futures_util::FutureExt;
+    std::panic::AssertUnwindSafe(fut).catch_unwind().await.map_err(|panic| {
+        let msg = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".into());
+        tracing::error!(error = %msg, "the repository task panicked while {what}; it goes on with the next command");
+        Error::Internal(format!("the model repository panicked while {what}: {msg}"))
+    })
+}
+
 /// A repository API name must be a plain model name, not a path.
 fn check_name(name: &str) -> Result<(), Error> {
     validate_model_name(name)
@@ -557,3 +599,6 @@ pub fn describe(specs: &[crate::tensor::TensorSpec]) -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+#[cfg(test)]
+mod tests;
