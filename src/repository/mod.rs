@@ -11,6 +11,7 @@
 //! swap, hand the old version's queue to the new one; broken change → keep
 //! the last good version serving and report why (log, index, metric).
 
+mod api;
 pub mod diff;
 pub mod files;
 mod load;
@@ -28,7 +29,7 @@ pub use registry::{ModelEntry, Registry};
 
 use crate::error::Error;
 use crate::metrics;
-use crate::model::settings::{validate_model_name, ModelDefaults};
+use crate::model::settings::ModelDefaults;
 use crate::model::state::ModelState;
 use crate::model::ModelHandle;
 use crate::pool::Pool;
@@ -447,79 +448,6 @@ impl Repository {
         }
     }
 
-    async fn api_load(&mut self, name: &str) -> Result<(), Error> {
-        let (md, now) = self.find_folder(name).await?;
-        if let Some(t) = self.tracked.get_mut(&md.folder) {
-            t.pinned_unloaded = false;
-        }
-        let force = self.tracked.get(&md.folder).is_some_and(|t| t.serving.is_none());
-        let folder = md.folder.clone();
-        self.apply(md, now, force).await;
-        let t = self
-            .tracked
-            .get(&folder)
-            .ok_or_else(|| Error::NotFound(format!("model `{name}`: not loaded")))?;
-        if let Some(refused) = &t.refused {
-            return Err(refused.to_error(name));
-        }
-        match self.registry.get(&t.name) {
-            Some(e) if e.state == ModelState::Ready => Ok(()),
-            Some(e) => Err(Error::invalid(format!(
-                "model `{name}` failed to load: {}",
-                e.state
-            ))),
-            None => Err(Error::NotFound(format!(
-                "model `{name}` not found in the repository"
-            ))),
-        }
-    }
-
-    fn api_unload(&mut self, name: &str) -> Result<(), Error> {
-        check_name(name)?;
-        let t = self
-            .tracked
-            .values_mut()
-            .find(|t| t.name == name)
-            .ok_or_else(|| Error::ModelNotFound(name.to_string()))?;
-        t.pinned_unloaded = true;
-        if let Some((h, _)) = t.serving.take() {
-            h.batcher().retire();
-        }
-        let (name, dir) = (t.name.clone(), t.dir.clone());
-        tracing::info!(model = %name, "unloaded through the repository API; accepted requests finish first");
-        metrics::model_reload(&name, "unloaded");
-        let reason = "unloaded through the repository API".to_string();
-        self.publish(&name, &dir, ModelState::Unavailable { reason }, None, None);
-        Ok(())
-    }
-
-    /// The folder holding model `name`, as seen now: refuses names that are
-    /// not a plain folder of the repository (`..`, `/`, absolute paths,
-    /// symlinks out).
-    async fn find_folder(&self, name: &str) -> Result<(ModelDir, Stamp), Error> {
-        check_name(name)?;
-        let (root, dir) = (self.root.clone(), self.root.join(name));
-        let outside = blocking(move || Ok(scan::outside_repository(&root, &dir)));
-        if let Some(why) = outside.await.map_err(Error::invalid)? {
-            return Err(Error::invalid(why));
-        }
-        // A folder whose settings cannot be read is found by its model's last name.
-        let tracked = self
-            .tracked
-            .values()
-            .find(|t| t.name == name)
-            .map(|t| t.folder.clone());
-        let wanted = name.to_string();
-        let found = self
-            .survey(move |d| d.name() == wanted || d.folder == wanted || Some(&d.folder) == tracked.as_ref())
-            .await
-            .map_err(Error::invalid)?;
-        found
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::NotFound(format!("model `{name}`: no folder of the repository holds it")))
-    }
-
     fn publish(
         &self,
         name: &str,
@@ -555,18 +483,6 @@ async fn supervised<T>(what: &str, fut: impl std::future::Future<Output = T>) ->
         tracing::error!(error = %msg, "the repository task panicked while {what}; it goes on with the next command");
         Error::Internal(format!("the model repository panicked while {what}: {msg}"))
     })
-}
-
-/// A repository API name must be a plain model name, not a path.
-fn check_name(name: &str) -> Result<(), Error> {
-    validate_model_name(name)
-        .map_err(|e| Error::invalid(format!("`{name}` is not a model name of this repository: {e}")))?;
-    if name == "." || name == ".." {
-        return Err(Error::invalid(format!(
-            "`{name}` is not a model name of this repository"
-        )));
-    }
-    Ok(())
 }
 
 /// Runs repository file I/O on a blocking thread.
