@@ -9,7 +9,8 @@ use std::sync::OnceLock;
 use ort::environment::Environment;
 use ort::ep::{self, ExecutionProvider as _};
 use ort::session::builder::{GraphOptimizationLevel, PrepackedWeights, SessionBuilder};
-use ort::value::{DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
+use ort::session::SessionInputValue;
+use ort::value::{DynValue, Tensor as OrtTensor, TensorElementType, TensorRef, ValueType};
 
 use super::{Device, LoadedModel, Runtime, RuntimeError, Session};
 use crate::model::settings::{ArenaExtendStrategy, CudnnConvAlgoSearch, ExecutionProvider, ModelSettings};
@@ -376,27 +377,29 @@ struct OnnxSession {
     session: ort::session::Session,
 }
 
-fn to_value(t: &Tensor) -> Result<DynValue, RuntimeError> {
-    let shape = t.shape.clone();
-    macro_rules! prim {
+/// `t` as an ONNX Runtime input: a view of its buffer (no copy) for every
+/// primitive type; strings are converted (ONNX Runtime keeps its own).
+fn to_value(t: &Tensor) -> Result<SessionInputValue<'_>, RuntimeError> {
+    let shape = t.shape.as_slice();
+    macro_rules! view {
         ($v:expr) => {
-            OrtTensor::from_array((shape, $v.clone())).map(|x| x.into_dyn())
+            TensorRef::from_array_view((shape, $v.as_slice())).map(SessionInputValue::from)
         };
     }
     let made = match &t.data {
-        TensorData::Bool(v) => prim!(v),
-        TensorData::U8(v) => prim!(v),
-        TensorData::U16(v) => prim!(v),
-        TensorData::U32(v) => prim!(v),
-        TensorData::U64(v) => prim!(v),
-        TensorData::I8(v) => prim!(v),
-        TensorData::I16(v) => prim!(v),
-        TensorData::I32(v) => prim!(v),
-        TensorData::I64(v) => prim!(v),
-        TensorData::F16(v) => prim!(v),
-        TensorData::Bf16(v) => prim!(v),
-        TensorData::F32(v) => prim!(v),
-        TensorData::F64(v) => prim!(v),
+        TensorData::Bool(v) => view!(v),
+        TensorData::U8(v) => view!(v),
+        TensorData::U16(v) => view!(v),
+        TensorData::U32(v) => view!(v),
+        TensorData::U64(v) => view!(v),
+        TensorData::I8(v) => view!(v),
+        TensorData::I16(v) => view!(v),
+        TensorData::I32(v) => view!(v),
+        TensorData::I64(v) => view!(v),
+        TensorData::F16(v) => view!(v),
+        TensorData::Bf16(v) => view!(v),
+        TensorData::F32(v) => view!(v),
+        TensorData::F64(v) => view!(v),
         TensorData::Bytes(v) => {
             let strings = v
                 .iter()
@@ -410,7 +413,7 @@ fn to_value(t: &Tensor) -> Result<DynValue, RuntimeError> {
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            OrtTensor::from_string_array((shape, &strings[..])).map(|x| x.into_dyn())
+            OrtTensor::from_string_array((shape.to_vec(), &strings[..])).map(SessionInputValue::from)
         }
     };
     made.map_err(RuntimeError::Run)
