@@ -1,9 +1,22 @@
-//! How long decoding a V2 JSON request of one 784-float row takes (the
-//! per-request CPU the server spends before batching).
+//! Per-request CPU of the V2 JSON codec, side by side in one run: decoding
+//! a request of one 784-float row, and encoding a response of 784 floats
+//! through `serde_json::Value` (the old path, still used as the reference)
+//! and straight from the typed vector (what the server sends).
+//!
+//! `cargo run --release --example decode_cost`
 use std::time::Instant;
 
-use sluice::protocol::v2::InferenceRequest;
-use sluice::protocol::InferRequest;
+use sluice::protocol::v2::{InferenceRequest, InferenceResponse, JsonResponse};
+use sluice::protocol::{InferRequest, InferResponse};
+use sluice::tensor::{Tensor, TensorData};
+
+fn per_call(n: usize, mut f: impl FnMut()) -> f64 {
+    let t = Instant::now();
+    for _ in 0..n {
+        f();
+    }
+    t.elapsed().as_secs_f64() * 1e6 / n as f64
+}
 
 fn main() {
     let row: Vec<f32> = (0..784).map(|i| (i as f32 * 0.37).sin()).collect();
@@ -11,16 +24,29 @@ fn main() {
         "inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32", "data": row}]
     }))
     .unwrap();
+    let resp = InferResponse {
+        model_name: "mlp".into(),
+        model_version: None,
+        id: None,
+        outputs: vec![Tensor::new("logits", vec![1, 784], TensorData::F32(row.clone())).unwrap()],
+        batch_id: "1".into(),
+    };
     let n = 5000;
-    let t = Instant::now();
-    for _ in 0..n {
-        let wire: InferenceRequest = serde_json::from_slice(&body).unwrap();
-        let req = InferRequest::try_from(wire).unwrap();
-        std::hint::black_box(req);
+    for round in 1..=3 {
+        let decode = per_call(n, || {
+            let wire: InferenceRequest = serde_json::from_slice(&body).unwrap();
+            std::hint::black_box(InferRequest::try_from(wire).unwrap());
+        });
+        let via_value = per_call(n, || {
+            std::hint::black_box(serde_json::to_vec(&InferenceResponse::from(&resp)).unwrap());
+        });
+        let typed = per_call(n, || {
+            std::hint::black_box(serde_json::to_vec(&JsonResponse::from(&resp)).unwrap());
+        });
+        println!(
+            "round {round}: decode {} B request {decode:.1} µs; encode 784 floats: via Value {via_value:.1} µs, typed {typed:.1} µs ({:.2}x)",
+            body.len(),
+            via_value / typed
+        );
     }
-    println!(
-        "{} bytes: {:.1} µs per request",
-        body.len(),
-        t.elapsed().as_secs_f64() * 1e6 / n as f64
-    );
 }

@@ -281,8 +281,78 @@ fn f32_to_json(x: f32) -> Value {
     if !x.is_finite() {
         return Value::Null;
     }
-    let wide: f64 = x.to_string().parse().unwrap_or(f64::from(x));
-    serde_json::Number::from_f64(wide).map_or(Value::Null, Value::Number)
+    serde_json::Number::from_f64(f32_wide(x)).map_or(Value::Null, Value::Number)
+}
+
+/// The f64 that a 32-bit float is written as in JSON: the f64 nearest its
+/// shortest decimal form (0.1, not 0.10000000149011612).
+fn f32_wide(x: f32) -> f64 {
+    // Rust's own shortest form (ryu differs on ties: 2110626.25 is "…26.3"
+    // here, "…26.2" there), written to the stack: no allocation.
+    struct Stack([u8; 64], usize);
+    impl std::fmt::Write for Stack {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            let end = self.1 + s.len();
+            self.0
+                .get_mut(self.1..end)
+                .ok_or(std::fmt::Error)?
+                .copy_from_slice(s.as_bytes());
+            self.1 = end;
+            Ok(())
+        }
+    }
+    let mut buf = Stack([0; 64], 0);
+    if std::fmt::Write::write_fmt(&mut buf, format_args!("{x}")).is_err() {
+        return f64::from(x);
+    }
+    std::str::from_utf8(&buf.0[..buf.1])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(f64::from(x))
+}
+
+/// A tensor's elements as a flat JSON array, serialized straight from the
+/// typed vector (no `Value` per element); the same text as
+/// [`element_to_json`] gives element by element.
+pub(crate) struct JsonElements<'a>(pub &'a TensorData);
+
+impl serde::Serialize for JsonElements<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        fn float<S: SerializeSeq>(seq: &mut S, x: f64) -> Result<(), S::Error> {
+            match x.is_finite() {
+                true => seq.serialize_element(&x),
+                false => seq.serialize_element(&()),
+            }
+        }
+        let data = self.0;
+        let mut seq = s.serialize_seq(Some(data.len()))?;
+        macro_rules! each {
+            ($v:expr, |$x:ident| $body:expr) => {
+                for $x in $v.iter() {
+                    $body?;
+                }
+            };
+        }
+        let small = |x: f32| if x.is_finite() { f32_wide(x) } else { f64::NAN };
+        match data {
+            TensorData::Bool(v) => each!(v, |x| seq.serialize_element(x)),
+            TensorData::U8(v) => each!(v, |x| seq.serialize_element(x)),
+            TensorData::U16(v) => each!(v, |x| seq.serialize_element(x)),
+            TensorData::U32(v) => each!(v, |x| seq.serialize_element(x)),
+            TensorData::U64(v) => each!(v, |x| seq.serialize_element(x)),
+            TensorData::I8(v) => each!(v, |x| seq.serialize_element(x)),
+            TensorData::I16(v) => each!(v, |x| seq.serialize_element(x)),
+            TensorData::I32(v) => each!(v, |x| seq.serialize_element(x)),
+            TensorData::I64(v) => each!(v, |x| seq.serialize_element(x)),
+            TensorData::F16(v) => each!(v, |x| float(&mut seq, small(x.to_f32()))),
+            TensorData::Bf16(v) => each!(v, |x| float(&mut seq, small(x.to_f32()))),
+            TensorData::F32(v) => each!(v, |x| float(&mut seq, small(*x))),
+            TensorData::F64(v) => each!(v, |x| float(&mut seq, *x)),
+            TensorData::Bytes(v) => each!(v, |x| seq.serialize_element(&String::from_utf8_lossy(x))),
+        }
+        seq.end()
+    }
 }
 
 /// Element `i` of `data` as JSON: FP16/BF16 as f32 numbers, BYTES as a string
@@ -486,5 +556,88 @@ mod tests {
         assert_eq!(m, "model `mdl` has no output `q`; its outputs are `y`, `z`");
         let m = err(check(vec![x(1), self::m(1)], Some(vec!["y", "y"])));
         assert_eq!(m, "output `y` is requested more than once");
+    }
+
+    /// The JSON text of a float as sluice always wrote it: the f32's
+    /// shortest decimal (Rust's `Display`) read back as an f64, then written
+    /// by serde_json; an independent oracle for [`JsonElements`].
+    fn old_float(x: f32) -> Value {
+        match x.is_finite() {
+            true => serde_json::Number::from_f64(x.to_string().parse().unwrap())
+                .map_or(Value::Null, Value::Number),
+            false => Value::Null,
+        }
+    }
+
+    #[test]
+    fn typed_json_encoding_is_byte_identical_to_the_value_encoding() {
+        let mut bits = 0x9e37_79b9u32;
+        let mut floats: Vec<f32> = (0..200_000)
+            .map(|_| {
+                bits ^= bits << 13;
+                bits ^= bits >> 17;
+                bits ^= bits << 5;
+                f32::from_bits(bits)
+            })
+            .collect();
+        floats.extend([
+            0.0,
+            -0.0,
+            1.0,
+            3.0,
+            0.1,
+            1e14,
+            1e15,
+            1e16,
+            1.5e16,
+            1e17,
+            123456789.0,
+            1e-5,
+            1e-6,
+            1e-45,
+            f32::MAX,
+            f32::MIN,
+            f32::MIN_POSITIVE,
+            f32::EPSILON,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ]);
+        let text = |d: &TensorData| serde_json::to_string(&JsonElements(d)).unwrap();
+        for &x in &floats {
+            let want = Value::Array(vec![old_float(x)]).to_string();
+            assert_eq!(
+                text(&TensorData::F32(vec![x])),
+                want,
+                "{x:e} ({:#x})",
+                x.to_bits()
+            );
+        }
+        let want = Value::Array(floats.iter().map(|&x| old_float(x)).collect()).to_string();
+        assert!(text(&TensorData::F32(floats.clone())) == want);
+        let doubles: Vec<f64> = floats
+            .iter()
+            .map(|&x| f64::from(x) * 1.000_000_1)
+            .chain([f64::MAX, f64::NAN])
+            .collect();
+        let via_values =
+            |d: &TensorData| Value::Array((0..d.len()).map(|i| element_to_json(d, i)).collect()).to_string();
+        let others = [
+            TensorData::F64(doubles),
+            TensorData::F16(floats.iter().map(|&x| half::f16::from_f32(x)).collect()),
+            TensorData::Bf16(floats.iter().map(|&x| half::bf16::from_f32(x)).collect()),
+            TensorData::I64(vec![i64::MIN, -1, 0, i64::MAX]),
+            TensorData::U64(vec![0, u64::MAX]),
+            TensorData::U8(vec![0, 255]),
+            TensorData::Bool(vec![true, false]),
+            TensorData::Bytes(vec![b"a\"\n".to_vec(), vec![0xff, 0xfe], "é".as_bytes().to_vec()]),
+        ];
+        for d in &others {
+            assert_eq!(text(d), via_values(d), "{:?}", d.dtype());
+        }
+        // FP16 values through the old f32 path too.
+        let h: Vec<half::f16> = floats.iter().map(|&x| half::f16::from_f32(x)).collect();
+        let want = Value::Array(h.iter().map(|x| old_float(x.to_f32())).collect()).to_string();
+        assert_eq!(text(&TensorData::F16(h)), want);
     }
 }

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{element_to_json, InferRequest, InferResponse};
+use super::{element_to_json, InferRequest, InferResponse, JsonElements};
 use crate::error::Error;
 use crate::tensor::{DataType, Signature, Tensor, TensorSpec};
 
@@ -239,6 +239,47 @@ impl TryFrom<InferenceRequest<'_>> for InferRequest {
             inputs,
             outputs,
         })
+    }
+}
+
+/// A response as JSON text, borrowed from the [`InferResponse`]: the same
+/// bytes as serializing [`InferenceResponse::from`] (same field order), with
+/// each output's elements written straight from its typed vector.
+#[derive(Serialize)]
+pub struct JsonResponse<'a> {
+    model_name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model_version: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    outputs: Vec<JsonOutput<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonOutput<'a> {
+    name: &'a str,
+    shape: &'a [usize],
+    datatype: &'static str,
+    data: JsonElements<'a>,
+}
+
+impl<'a> From<&'a InferResponse> for JsonResponse<'a> {
+    fn from(resp: &'a InferResponse) -> Self {
+        JsonResponse {
+            model_name: &resp.model_name,
+            model_version: resp.model_version.as_deref(),
+            id: resp.id.as_deref(),
+            outputs: resp
+                .outputs
+                .iter()
+                .map(|t| JsonOutput {
+                    name: &t.name,
+                    shape: &t.shape,
+                    datatype: t.dtype().as_str(),
+                    data: JsonElements(&t.data),
+                })
+                .collect(),
+        }
     }
 }
 

@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use super::v2::{self, InferenceRequest, InferenceResponse, RequestInput};
-use super::{binary, element_to_json, InferRequest, InferResponse};
+use super::v2::{self, InferenceRequest, JsonResponse, RequestInput};
+use super::{binary, InferRequest, InferResponse, JsonElements};
 use crate::error::Error;
 use crate::tensor::Tensor;
 
@@ -216,7 +216,7 @@ struct HeaderOutput<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     parameters: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    data: Option<Vec<Value>>,
+    data: Option<JsonElements<'a>>,
 }
 
 /// Encodes a response: plain JSON (as [`InferenceResponse`]) when no output
@@ -229,7 +229,7 @@ pub fn encode_response(resp: &InferResponse, encoding: &OutputEncoding) -> Encod
         .filter(|t| encoding.is_binary(&t.name))
         .collect();
     if binary.is_empty() {
-        let body = serde_json::to_vec(&InferenceResponse::from(resp))
+        let body = serde_json::to_vec(&JsonResponse::from(resp))
             .expect("an inference response serializes. This is a bug.");
         return EncodedResponse {
             body,
@@ -251,8 +251,7 @@ pub fn encode_response(resp: &InferResponse, encoding: &OutputEncoding) -> Encod
                     shape: &t.shape,
                     parameters: is_binary
                         .then(|| json!({ "binary_data_size": binary::encoded_len(&t.data) })),
-                    data: (!is_binary)
-                        .then(|| (0..t.data.len()).map(|i| element_to_json(&t.data, i)).collect()),
+                    data: (!is_binary).then_some(JsonElements(&t.data)),
                 }
             })
             .collect(),
