@@ -30,6 +30,28 @@ pub struct Config {
     pub pool: PoolConfig,
     pub shutdown: ShutdownConfig,
     pub log: LogConfig,
+    pub auth: AuthConfig,
+}
+
+/// API keys (see `crate::access`). Unset: that scope needs no key.
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Key for every model endpoint (infer, predict, metadata, config, stats, index).
+    pub inference_api_key: Option<String>,
+    /// Key for repository load and unload (with `model_repository.control = "api"`).
+    pub control_api_key: Option<String>,
+}
+
+impl std::fmt::Debug for AuthConfig {
+    /// Never prints the keys (the effective configuration is logged).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = |k: &Option<String>| k.as_ref().map(|_| "<set>");
+        f.debug_struct("AuthConfig")
+            .field("inference_api_key", &shown(&self.inference_api_key))
+            .field("control_api_key", &shown(&self.control_api_key))
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -93,6 +115,8 @@ pub struct RepositoryConfig {
     pub path: PathBuf,
     /// Serve `path` itself as this one model (KServe's `/mnt/models` layout).
     pub model_name: Option<String>,
+    /// Whether the repository API may load and unload models.
+    pub control: crate::access::ControlMode,
     /// How changes are noticed: `events`, `poll`, or `off`.
     pub watch: crate::repository::watcher::WatchMode,
     /// Seconds between polls when `watch = "poll"`, or while the event watch
@@ -168,6 +192,7 @@ impl Default for RepositoryConfig {
         RepositoryConfig {
             path: PathBuf::from("model-repository"),
             model_name: None,
+            control: crate::access::ControlMode::None,
             watch: crate::repository::watcher::WatchMode::Events,
             poll_interval_seconds: 2.0,
             debounce_seconds: 0.25,
@@ -213,6 +238,16 @@ pub struct CliOverrides {
 }
 
 impl Config {
+    /// The access rules of the HTTP and gRPC ports.
+    pub fn access(&self) -> crate::access::Access {
+        let key = |k: &Option<String>| k.clone().filter(|k| !k.is_empty());
+        crate::access::Access {
+            control: self.model_repository.control,
+            inference_key: key(&self.auth.inference_api_key),
+            control_key: key(&self.auth.control_api_key),
+        }
+    }
+
     /// Layers defaults, the config file, `SLUICE_*` variables and CLI flags.
     ///
     /// `file`: an explicit `--config` (must exist) or `None` for

@@ -42,6 +42,12 @@ pub enum Error {
     /// The server is draining and takes no new requests.
     #[error("server is shutting down")]
     ShuttingDown,
+    /// The endpoint needs an API key and none was sent.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// Not allowed: a wrong key, or model control through the API is disabled.
+    #[error("{0}")]
+    PermissionDenied(String),
     /// A bug inside sluice (a panic caught where it happened); the message says where.
     #[error("internal error: {0}")]
     Internal(String),
@@ -59,6 +65,8 @@ pub enum ErrorKind {
     Runtime,
     Unsupported,
     ShuttingDown,
+    Unauthenticated,
+    PermissionDenied,
     Internal,
 }
 
@@ -75,6 +83,8 @@ impl ErrorKind {
             ErrorKind::Runtime => "runtime",
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::ShuttingDown => "shutting_down",
+            ErrorKind::Unauthenticated => "unauthenticated",
+            ErrorKind::PermissionDenied => "permission_denied",
             ErrorKind::Internal => "internal",
         }
     }
@@ -97,6 +107,8 @@ impl Error {
             Error::Runtime { .. } => ErrorKind::Runtime,
             Error::Unsupported(_) => ErrorKind::Unsupported,
             Error::ShuttingDown => ErrorKind::ShuttingDown,
+            Error::Unauthenticated(_) => ErrorKind::Unauthenticated,
+            Error::PermissionDenied(_) => ErrorKind::PermissionDenied,
             Error::Internal(_) => ErrorKind::Internal,
         }
     }

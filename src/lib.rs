@@ -13,6 +13,7 @@
 //! batcher sends batches to the model's session threads and returns each
 //! request its own outputs.
 
+pub mod access;
 pub mod batcher;
 pub mod config;
 pub mod error;
@@ -98,6 +99,7 @@ impl Server {
             repository: handle,
             ready: Arc::new(AtomicBool::new(false)),
             max_body_bytes: config.http.max_body_bytes,
+            access: config.access(),
         };
         Ok(Server {
             config,
@@ -176,6 +178,7 @@ impl Server {
             ready: state.ready.clone(),
             max_message_bytes: config.grpc.max_message_bytes,
             max_outstanding_per_stream: config.grpc.max_outstanding_per_stream,
+            access: config.access(),
         };
         let mut graceful = stop_rx.clone();
         let grpc_serve = grpc::serve(grpc_listener, grpc_state, async move {

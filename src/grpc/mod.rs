@@ -38,11 +38,25 @@ pub struct GrpcState {
     /// Requests one `ModelStreamInfer` stream may have running or unread
     /// (`grpc.max_outstanding_per_stream`).
     pub max_outstanding_per_stream: usize,
+    /// Who may call what (API keys in metadata, model control).
+    pub access: crate::access::Access,
 }
 
 impl GrpcState {
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
+    }
+
+    /// Refuses a call of `scope` whose metadata (`authorization: Bearer KEY`
+    /// or `x-api-key`) the access rules do not allow.
+    pub fn allow<T>(
+        &self,
+        req: &tonic::Request<T>,
+        scope: crate::access::Scope,
+    ) -> Result<(), tonic::Status> {
+        let meta = req.metadata();
+        let key = crate::access::presented_key(|name| meta.get(name).and_then(|v| v.to_str().ok()));
+        self.access.check(scope, key).map_err(|e| status::status(&e))
     }
 }
 

@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::status::status;
 use super::{observe, GrpcState};
+use crate::access::Scope;
 use crate::error::Error;
 use crate::model::state::ModelState;
 use crate::protocol::grpc::inference::grpc_inference_service_server::GrpcInferenceService;
@@ -74,6 +75,7 @@ impl GrpcInferenceService for InferenceService {
 
     /// NOT_FOUND for an unknown model (or version); `ready: false` for a known one that does not serve.
     async fn model_ready(&self, req: Request<ModelReadyRequest>) -> Answer<ModelReadyResponse> {
+        self.state.allow(&req, Scope::Inference)?;
         let r = req.into_inner();
         match self.state.registry.ready(&r.name, non_empty(&r.version)) {
             Ok(_) => Ok(Response::new(ModelReadyResponse { ready: true })),
@@ -92,6 +94,7 @@ impl GrpcInferenceService for InferenceService {
     }
 
     async fn model_metadata(&self, req: Request<ModelMetadataRequest>) -> Answer<ModelMetadataResponse> {
+        self.state.allow(&req, Scope::Inference)?;
         let r = req.into_inner();
         ok(self
             .state
@@ -101,6 +104,7 @@ impl GrpcInferenceService for InferenceService {
     }
 
     async fn model_infer(&self, req: Request<ModelInferRequest>) -> Answer<ModelInferResponse> {
+        self.state.allow(&req, Scope::Inference)?;
         ok(self.infer(req.into_inner()).await)
     }
 
@@ -113,6 +117,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         req: Request<Streaming<ModelInferRequest>>,
     ) -> Answer<Self::ModelStreamInferStream> {
+        self.state.allow(&req, Scope::Inference)?;
         let mut requests = req.into_inner();
         let outstanding = self.state.max_outstanding_per_stream;
         // Answers to the client. Each request's task holds a sender; the
@@ -166,6 +171,7 @@ impl GrpcInferenceService for InferenceService {
     }
 
     async fn model_config(&self, req: Request<ModelConfigRequest>) -> Answer<ModelConfigResponse> {
+        self.state.allow(&req, Scope::Inference)?;
         let r = req.into_inner();
         ok(self
             .state
@@ -181,6 +187,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         req: Request<ModelStatisticsRequest>,
     ) -> Answer<ModelStatisticsResponse> {
+        self.state.allow(&req, Scope::Inference)?;
         let r = req.into_inner();
         let registry = &self.state.registry;
         let models = match non_empty(&r.name) {
@@ -198,6 +205,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         req: Request<RepositoryIndexRequest>,
     ) -> Answer<RepositoryIndexResponse> {
+        self.state.allow(&req, Scope::Inference)?;
         let only_ready = req.into_inner().ready;
         let models = self
             .state
@@ -222,6 +230,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         req: Request<RepositoryModelLoadRequest>,
     ) -> Answer<RepositoryModelLoadResponse> {
+        self.state.allow(&req, Scope::Control)?;
         let name = req.into_inner().model_name;
         ok(self
             .state
@@ -235,6 +244,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         req: Request<RepositoryModelUnloadRequest>,
     ) -> Answer<RepositoryModelUnloadResponse> {
+        self.state.allow(&req, Scope::Control)?;
         let name = req.into_inner().model_name;
         ok(self
             .state

@@ -17,6 +17,8 @@ pub fn code_of(kind: ErrorKind) -> Code {
         ErrorKind::DeadlineExceeded => Code::DeadlineExceeded,
         ErrorKind::Unsupported => Code::Unimplemented,
         ErrorKind::Runtime | ErrorKind::Internal => Code::Internal,
+        ErrorKind::Unauthenticated => Code::Unauthenticated,
+        ErrorKind::PermissionDenied => Code::PermissionDenied,
     }
 }
 

@@ -29,6 +29,8 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
         ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
         ErrorKind::Runtime | ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
     }
 }
 
@@ -49,6 +51,12 @@ impl IntoResponse for ApiError {
         let status = status_of(kind);
         tracing::debug!(kind = kind.as_str(), status = status.as_u16(), error = %self.0, "request failed");
         let mut resp = (status, Json(serde_json::json!({ "error": self.0.to_string() }))).into_response();
+        if kind == ErrorKind::Unauthenticated {
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"sluice\""),
+            );
+        }
         if let Error::Overloaded { retry_after, .. } = &self.0 {
             let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
             resp.headers_mut()

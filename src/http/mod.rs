@@ -19,6 +19,7 @@ use axum::Router;
 
 pub use error::{status_of, ApiError};
 
+use crate::access::Scope;
 use crate::error::Error;
 use crate::repository::{Registry, RepositoryHandle};
 
@@ -36,6 +37,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// Renders the process's Prometheus metrics for `/metrics`.
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// Who may call what (API keys, model control); checked by [`guard`].
+    pub access: crate::access::Access,
 }
 
 impl AppState {
@@ -75,8 +78,39 @@ pub fn router(state: AppState) -> Router {
         // After every route: it applies to the routes already added.
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
+}
+
+/// What a path asks to do; `None` for what stays open (health, server
+/// metadata, `/metrics`: probes and Prometheus carry no keys).
+fn scope_of(path: &str) -> Option<Scope> {
+    match path {
+        "/v2" | "/v2/health/live" | "/v2/health/ready" | "/metrics" => None,
+        p if p.starts_with("/v2/repository/models/") && (p.ends_with("/load") || p.ends_with("/unload")) => {
+            Some(Scope::Control)
+        }
+        _ => Some(Scope::Inference),
+    }
+}
+
+/// Refuses a request its scope does not allow (401 without a key that is
+/// needed, 403 with a wrong one or for disabled model control), before any
+/// handler or body read.
+async fn guard(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if let Some(scope) = scope_of(req.uri().path()) {
+        let headers = req.headers();
+        let key = crate::access::presented_key(|name| headers.get(name).and_then(|v| v.to_str().ok()));
+        if let Err(e) = state.access.check(scope, key) {
+            return axum::response::IntoResponse::into_response(ApiError(e));
+        }
+    }
+    next.run(req).await
 }
 
 /// `GET /metrics`: Prometheus text format.

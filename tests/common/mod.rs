@@ -101,6 +101,9 @@ impl TestServer {
         cfg.grpc.port = 0;
         cfg.model_repository.path = repo.to_path_buf();
         cfg.shutdown.grace_period_seconds = 5.0;
+        // Most tests drive the repository API; tests/access.rs checks the
+        // default ("none") itself.
+        cfg.model_repository.control = sluice::access::ControlMode::Api;
         tweak(&mut cfg);
         let server = sluice::Server::bind(cfg, runtime()).await.expect("bind");
         let addr = server.http_addr();
