@@ -96,6 +96,27 @@ pub struct HttpConfig {
     pub host: IpAddr,
     pub port: u16,
     pub max_body_bytes: usize,
+    /// Seconds a client has to send a request's line and headers (from
+    /// the connection's accept, or from the first byte of a later request).
+    pub header_read_timeout_seconds: f64,
+    /// Seconds a client has to send a request's body, from its headers.
+    pub body_read_timeout_seconds: f64,
+    /// Seconds an idle keep-alive connection stays open between requests.
+    pub keep_alive_timeout_seconds: f64,
+    /// Most open HTTP connections (capped by the open-file limit).
+    pub max_connections: usize,
+    /// Largest request line and headers, in bytes.
+    pub max_header_bytes: usize,
+}
+
+/// The HTTP port's limits, validated and typed (from [`HttpConfig`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpLimits {
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    pub keep_alive_timeout: Duration,
+    pub max_connections: usize,
+    pub max_header_bytes: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -173,6 +194,11 @@ impl Default for HttpConfig {
             host: IpAddr::from([0, 0, 0, 0]),
             port: 8080,
             max_body_bytes: 64 << 20,
+            header_read_timeout_seconds: 10.0,
+            body_read_timeout_seconds: 60.0,
+            keep_alive_timeout_seconds: 75.0,
+            max_connections: 10_000,
+            max_header_bytes: 64 << 10,
         }
     }
 }
@@ -373,6 +399,7 @@ impl Config {
                 self.http.max_body_bytes
             ));
         }
+        self.validate_http(&mut errs);
         if !(1..=65536).contains(&self.grpc.max_outstanding_per_stream) {
             errs.push(format!(
                 "grpc.max_outstanding_per_stream must be 1..=65536, got {}",
@@ -393,6 +420,45 @@ impl Config {
             Ok(())
         } else {
             Err(errs)
+        }
+    }
+
+    /// The `[http]` limits' problems (timeouts, connections, header size).
+    fn validate_http(&self, errs: &mut Vec<String>) {
+        let h = &self.http;
+        for (key, secs) in [
+            ("header_read_timeout_seconds", h.header_read_timeout_seconds),
+            ("body_read_timeout_seconds", h.body_read_timeout_seconds),
+            ("keep_alive_timeout_seconds", h.keep_alive_timeout_seconds),
+        ] {
+            if !(secs.is_finite() && secs > 0.0 && secs <= 86400.0) {
+                errs.push(format!("http.{key} must be > 0 and <= 86400 seconds, got {secs}"));
+            }
+        }
+        if !(1..=1_000_000).contains(&h.max_connections) {
+            errs.push(format!(
+                "http.max_connections must be 1..=1000000, got {}",
+                h.max_connections
+            ));
+        }
+        // hyper's smallest read buffer is 8 KiB.
+        if !(8192..=(16 << 20)).contains(&h.max_header_bytes) {
+            errs.push(format!(
+                "http.max_header_bytes must be 8192..=16777216, got {}",
+                h.max_header_bytes
+            ));
+        }
+    }
+
+    /// The validated HTTP limits. Call after [`Config::validate`].
+    pub fn http_limits(&self) -> HttpLimits {
+        let h = &self.http;
+        HttpLimits {
+            header_read_timeout: Duration::from_secs_f64(h.header_read_timeout_seconds),
+            body_read_timeout: Duration::from_secs_f64(h.body_read_timeout_seconds),
+            keep_alive_timeout: Duration::from_secs_f64(h.keep_alive_timeout_seconds),
+            max_connections: h.max_connections,
+            max_header_bytes: h.max_header_bytes,
         }
     }
 

@@ -23,6 +23,9 @@ pub enum Error {
     /// The request body is larger than the server accepts.
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// The client did not send the request (its body) in time.
+    #[error("{0}")]
+    RequestTimeout(String),
     /// The model's queue is full; retry after `retry_after`.
     #[error("model `{model}` is overloaded: its queue holds {max_queue_size} requests (max_queue_size); retry later")]
     Overloaded {
@@ -60,6 +63,7 @@ pub enum ErrorKind {
     ModelNotReady,
     InvalidInput,
     PayloadTooLarge,
+    RequestTimeout,
     Overloaded,
     DeadlineExceeded,
     Runtime,
@@ -78,6 +82,7 @@ impl ErrorKind {
             ErrorKind::ModelNotReady => "model_not_ready",
             ErrorKind::InvalidInput => "invalid_input",
             ErrorKind::PayloadTooLarge => "payload_too_large",
+            ErrorKind::RequestTimeout => "request_timeout",
             ErrorKind::Overloaded => "overloaded",
             ErrorKind::DeadlineExceeded => "deadline_exceeded",
             ErrorKind::Runtime => "runtime",
@@ -102,6 +107,7 @@ impl Error {
             Error::ModelNotReady { .. } => ErrorKind::ModelNotReady,
             Error::InvalidInput(_) => ErrorKind::InvalidInput,
             Error::PayloadTooLarge(_) => ErrorKind::PayloadTooLarge,
+            Error::RequestTimeout(_) => ErrorKind::RequestTimeout,
             Error::Overloaded { .. } => ErrorKind::Overloaded,
             Error::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
             Error::Runtime { .. } => ErrorKind::Runtime,

@@ -28,7 +28,7 @@ pub mod runtime;
 pub mod shutdown;
 pub mod tensor;
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -66,6 +66,7 @@ impl Server {
         let grpc_listener = TcpListener::bind(grpc_addr)
             .await
             .with_context(|| format!("cannot listen on {grpc_addr} (gRPC)"))?;
+        http::serve::raise_open_file_limit();
         let pool = pool::Pool::new(pool::PoolLimits {
             cpu: config.cpu_concurrent_batches(),
             gpu: config.pool.gpu_concurrent_batches,
@@ -98,6 +99,7 @@ impl Server {
             registry: handle.registry().clone(),
             repository: handle,
             ready: Arc::new(AtomicBool::new(false)),
+            stopping: Arc::new(AtomicBool::new(false)),
             max_body_bytes: config.http.max_body_bytes,
             access: config.access(),
         };
@@ -125,9 +127,11 @@ impl Server {
             .expect("a bound listener has an address")
     }
 
-    /// Serves until `shutdown` completes; then readiness turns false, no new
-    /// connection is accepted, and accepted requests get
-    /// `shutdown.grace_period_seconds` to finish.
+    /// Serves until `shutdown` completes; then readiness turns false, new
+    /// inference requests get 503 while the HTTP port keeps answering (health
+    /// probes: ready 503, live 200), and accepted requests get
+    /// `shutdown.grace_period_seconds` to finish. The gRPC port stops
+    /// accepting connections.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let Server {
             config,
@@ -144,33 +148,11 @@ impl Server {
             "sluice listening"
         );
 
-        // `true` once shutdown has begun. The sender lives in the task that
-        // awaits `shutdown`; the readiness task, the HTTP and gRPC servers
-        // and the drain timer below each hold a receiver.
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let ready = state.ready.clone();
-        tokio::spawn({
-            let ready = ready.clone();
-            let stop = stop_rx.clone();
-            async move {
-                match loaded.await {
-                    Ok(Ok(())) if !*stop.borrow() => ready.store(true, Ordering::Release),
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => tracing::error!(error = %e, "cannot read the model repository"),
-                    Err(_) => tracing::error!("the repository task stopped during the start-up load"),
-                }
-            }
-        });
-        tokio::spawn({
-            let ready = ready.clone();
-            async move {
-                shutdown.await;
-                // Readiness turns false before anything else, so load
-                // balancers stop sending while accepted requests finish.
-                ready.store(false, Ordering::Release);
-                let _ = stop_tx.send(true);
-            }
-        });
+        // `true` once shutdown has begun; the HTTP and gRPC servers and the
+        // drain timer below each hold a receiver.
+        let stop_rx = spawn_lifecycle(loaded, shutdown, &state);
+        // Drains the histograms' sample buffers when nobody scrapes /metrics.
+        let upkeep = metrics::spawn_upkeep(state.metrics.clone(), metrics::UPKEEP_INTERVAL);
 
         let grpc_state = grpc::GrpcState {
             registry: state.registry.clone(),
@@ -184,12 +166,12 @@ impl Server {
         let grpc_serve = grpc::serve(grpc_listener, grpc_state, async move {
             let _ = graceful.wait_for(|stopping| *stopping).await;
         });
-        let mut graceful = stop_rx.clone();
-        let http_serve = axum::serve(listener, http::router(state))
-            .with_graceful_shutdown(async move {
-                let _ = graceful.wait_for(|stopping| *stopping).await;
-            })
-            .into_future();
+        let http_serve = http::serve::serve(
+            listener,
+            http::router(state),
+            config.http_limits(),
+            stop_rx.clone(),
+        );
         let serve = async {
             tokio::try_join!(async { http_serve.await.context("HTTP server failed") }, async {
                 grpc_serve.await.context("gRPC server failed")
@@ -210,8 +192,47 @@ impl Server {
                 Ok(())
             }
         };
+        drop(upkeep);
         drop(watcher);
         tracing::info!("sluice stopped");
         result
     }
+}
+
+/// Spawns the tasks that turn readiness on when the start-up load is done
+/// and, when `shutdown` completes, readiness off and stopping on; returns the
+/// receiver of the stop signal (`true` once shutdown has begun). Its sender
+/// lives in the task that awaits `shutdown`; the readiness task holds a
+/// receiver too.
+fn spawn_lifecycle(
+    loaded: tokio::sync::oneshot::Receiver<Result<(), String>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    state: &AppState,
+) -> tokio::sync::watch::Receiver<bool> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn({
+        let ready = state.ready.clone();
+        let stop = stop_rx.clone();
+        async move {
+            match loaded.await {
+                Ok(Ok(())) if !*stop.borrow() => ready.store(true, Ordering::Release),
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::error!(error = %e, "cannot read the model repository"),
+                Err(_) => tracing::error!("the repository task stopped during the start-up load"),
+            }
+        }
+    });
+    tokio::spawn({
+        let ready = state.ready.clone();
+        let stopping = state.stopping.clone();
+        async move {
+            shutdown.await;
+            // Readiness turns false before anything else, so load
+            // balancers stop sending while accepted requests finish.
+            ready.store(false, Ordering::Release);
+            stopping.store(true, Ordering::Release);
+            let _ = stop_tx.send(true);
+        }
+    });
+    stop_rx
 }

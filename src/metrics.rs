@@ -39,6 +39,34 @@ const SECONDS_BUCKETS: [f64; 17] = [
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
+/// How often the recorder's upkeep runs (what the exporter's own HTTP
+/// listener would do; we render `/metrics` ourselves, so we run it).
+pub const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The task running the recorder's upkeep; dropping it stops the task.
+pub struct Upkeep(tokio::task::JoinHandle<()>);
+
+impl Drop for Upkeep {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs the recorder's upkeep every `every` until the returned [`Upkeep`]
+/// is dropped. Without it, every histogram sample stays buffered (about 75
+/// bytes a request) until `/metrics` is scraped, and memory grows with
+/// traffic on a server nobody scrapes.
+pub fn spawn_upkeep(handle: PrometheusHandle, every: Duration) -> Upkeep {
+    Upkeep(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            handle.run_upkeep();
+        }
+    }))
+}
+
 /// Installs the process-wide Prometheus recorder (once; later calls return
 /// the same handle, so several servers in one test process share it).
 pub fn install() -> PrometheusHandle {

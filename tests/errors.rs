@@ -95,6 +95,8 @@ fn cases() -> Vec<Case> {
     let only_a = json!({"inputs": [v2_input("a", "FP32", &[1, 3], json!([1, 2, 3]))]});
     let v1_multi = "/v1/models/multi_io:predict";
     let one = json!({"instances": [row(0)]});
+    let shm = json!({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64],
+        "parameters": {"shared_memory_region": "r0", "shared_memory_byte_size": 256}}]});
     #[rustfmt::skip]
     let cases = vec![
         post_raw("truncated JSON", V2, b"{\"inputs\": [".to_vec(), 400, &["invalid JSON"]),
@@ -140,6 +142,10 @@ fn cases() -> Vec<Case> {
         post("rows of no elements", "/v2/models/varlen/infer",
             json!({"inputs": [v2_input("x", "FP32", &[1_000_000_000_000, 0], json!([]))]}), 400,
             &["1000000000000 rows of no elements", "max_batch_size (16)"]),
+        post("shared memory", V2, shm, 400, &["`input`", "parameter `shared_memory_", "shared-memory extension"]),
+        get("model name not UTF-8", "/v2/models/%ff", 400, &["/v2/models/%ff", "UTF-8", "`name`"]),
+        post("infer path not UTF-8", "/v2/models/%ff/infer", good.clone(), 400, &["UTF-8", "`name`"]),
+        post("V1 path not UTF-8", "/v1/models/%ff:predict", one.clone(), 400, &["UTF-8"]),
         post("failed model V2", "/v2/models/broken/infer", good, 503, &["`broken`", "not ready", "model.onnx"]),
         post("failed model V1", "/v1/models/broken:predict", one, 503, &["`broken`", "model.onnx"]),
         get("failed model metadata", "/v2/models/broken", 503, &["`broken`", "model.onnx"]),
@@ -260,5 +266,71 @@ async fn bodies_over_the_limit_get_413() {
         .await;
     assert_eq!(st, 200, "{r}");
     assert_eq!(v2_output(&r, "label")["data"], json!([exp["labels"][9]]));
+    s.stop().await.unwrap();
+}
+
+/// Sends `bytes` on a new connection and reads the answer until the server
+/// closes it: (status, JSON body). Panics when the body is not JSON.
+async fn raw_request(s: &TestServer, bytes: &[u8]) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    conn.write_all(bytes).await.unwrap();
+    let mut answer = Vec::new();
+    let limit = std::time::Duration::from_secs(60);
+    tokio::time::timeout(limit, conn.read_to_end(&mut answer))
+        .await
+        .expect("no answer")
+        .unwrap();
+    let answer = String::from_utf8(answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/json"),
+        "not JSON: {answer}"
+    );
+    let body = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"));
+    (status, body)
+}
+
+#[tokio::test]
+async fn requests_hyper_cannot_parse_get_json_errors_too() {
+    let repo = repo_with(&["digits"]);
+    let s = TestServer::start(repo.path()).await;
+    let big = format!(
+        "GET /v2 HTTP/1.1\r\nHost: sluice\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(70 << 10)
+    );
+    let many: String = (0..120).map(|i| format!("X-H{i}: 1\r\n")).collect();
+    let many = format!("GET /v2 HTTP/1.1\r\nHost: sluice\r\n{many}\r\n");
+    let cases: [(&str, &[u8], u16, &[&str]); 4] = [
+        (
+            "header without a colon",
+            b"GET /v2 HTTP/1.1\r\nHost: sluice\r\nno colon here\r\n\r\n",
+            400,
+            &["malformed"],
+        ),
+        (
+            "garbage request line",
+            b"\x01\x02 nonsense\r\n\r\n",
+            400,
+            &["malformed"],
+        ),
+        (
+            "headers over 64 KiB",
+            big.as_bytes(),
+            431,
+            &["65536", "http.max_header_bytes"],
+        ),
+        ("more than 100 headers", many.as_bytes(), 431, &["100 fields"]),
+    ];
+    for (what, bytes, want, needles) in cases {
+        let (status, body) = raw_request(&s, bytes).await;
+        assert_eq!(status, want, "{what}: {body}");
+        let msg = error_message(&body);
+        assert!(needles.iter().all(|n| msg.contains(n)), "{what}: {msg}");
+    }
+    // The port still serves.
+    assert_eq!(s.get_raw("/v2/health/ready").await, (200, String::new()));
     s.stop().await.unwrap();
 }

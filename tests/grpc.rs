@@ -215,6 +215,18 @@ async fn errors_carry_the_right_status_and_name_the_problem() {
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
     assert_eq!(e.message(), "model `nope` not found");
+    // An extension sluice does not serve is the client's mistake, not the server's.
+    let mut shm = infer_request("mlp", "input", &[1, 784], &[0.0; 784]);
+    shm.raw_input_contents.clear();
+    let region = InferParameter {
+        parameter_choice: Some(infer_parameter::ParameterChoice::StringParam("r0".into())),
+    };
+    shm.inputs[0]
+        .parameters
+        .insert("shared_memory_region".into(), region);
+    let e = c.model_infer(shm).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("shared-memory extension"), "{}", e.message());
     s.stop().await.unwrap();
 }
 

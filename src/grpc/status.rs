@@ -14,7 +14,7 @@ pub fn code_of(kind: ErrorKind) -> Code {
         ErrorKind::PayloadTooLarge => Code::ResourceExhausted,
         // Queue full, model not ready, draining: retry later (SPEC §5).
         ErrorKind::Overloaded | ErrorKind::ModelNotReady | ErrorKind::ShuttingDown => Code::Unavailable,
-        ErrorKind::DeadlineExceeded => Code::DeadlineExceeded,
+        ErrorKind::DeadlineExceeded | ErrorKind::RequestTimeout => Code::DeadlineExceeded,
         ErrorKind::Unsupported => Code::Unimplemented,
         ErrorKind::Runtime | ErrorKind::Internal => Code::Internal,
         ErrorKind::Unauthenticated => Code::Unauthenticated,

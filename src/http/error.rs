@@ -23,6 +23,7 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::ModelNotFound => StatusCode::NOT_FOUND,
         ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
         ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorKind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
         ErrorKind::Overloaded | ErrorKind::ModelNotReady | ErrorKind::ShuttingDown => {
             StatusCode::SERVICE_UNAVAILABLE
         }

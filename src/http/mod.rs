@@ -1,9 +1,11 @@
 //! HTTP front end (axum). Handlers only translate: body → `protocol` →
 //! registry → model → `protocol` → response. Status codes are decided in
-//! `error.rs` alone.
+//! `error.rs` alone. `serve` is the accept loop that runs the router (slow
+//! clients, the connection limit, the drain).
 
 mod error;
 mod health;
+pub mod serve;
 mod v1;
 mod v2;
 
@@ -33,6 +35,9 @@ pub struct AppState {
     /// True once the start-up load finished, false again from the moment
     /// shutdown begins. Written by `lib::Server`; read by `/v2/health/ready`.
     pub ready: Arc<AtomicBool>,
+    /// True from the moment shutdown begins: new inference requests get 503
+    /// while accepted ones finish. Written by `lib::Server`.
+    pub stopping: Arc<AtomicBool>,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
     /// Renders the process's Prometheus metrics for `/metrics`.
@@ -44,6 +49,59 @@ pub struct AppState {
 impl AppState {
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
+    }
+}
+
+/// Whether an inference request arrived before shutdown began. Taken from
+/// the request's head, before its body is read: a request accepted before
+/// shutdown is answered even when its body arrives during the drain.
+pub(crate) struct Admission {
+    stopping: bool,
+}
+
+impl Admission {
+    /// `Err(ShuttingDown)` (503) when the request arrived after shutdown began.
+    pub(crate) fn check(&self) -> Result<(), ApiError> {
+        if self.stopping {
+            return Err(ApiError(Error::ShuttingDown));
+        }
+        Ok(())
+    }
+}
+
+impl axum::extract::FromRequestParts<AppState> for Admission {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        _: &mut axum::http::request::Parts,
+        state: &AppState,
+    ) -> Result<Self, std::convert::Infallible> {
+        Ok(Admission {
+            stopping: state.stopping.load(Ordering::Acquire),
+        })
+    }
+}
+
+/// `axum::extract::Path` whose rejection (a segment that is not UTF-8 once
+/// percent-decoded, say) is the usual JSON 400 naming the problem.
+pub(crate) struct ApiPath<T>(pub T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for ApiPath<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, ApiError> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(t)) => Ok(ApiPath(t)),
+            Err(rej) => Err(ApiError(Error::invalid(format!(
+                "invalid request path {}: {}",
+                parts.uri.path(),
+                rej.body_text()
+            )))),
+        }
     }
 }
 
@@ -151,7 +209,9 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 /// it is over `http.max_body_bytes`).
 pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
     body.map_err(|rej| {
-        if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        if let Some(timeout) = find_source::<serve::BodyReadTimeout>(&rej) {
+            ApiError(Error::RequestTimeout(timeout.to_string()))
+        } else if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError(Error::PayloadTooLarge(format!(
                 "request body is larger than the limit of {limit} bytes (http.max_body_bytes)"
             )))
@@ -159,6 +219,20 @@ pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> R
             ApiError(Error::invalid(format!("cannot read the request body: {rej}")))
         }
     })
+}
+
+/// The first error of type `E` in `e`'s chain of sources.
+fn find_source<'a, E: std::error::Error + 'static>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a E> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(found) = err.downcast_ref::<E>() {
+            return Some(found);
+        }
+        cur = err.source();
+    }
+    None
 }
 
 /// Parses a JSON body, naming where it is invalid.

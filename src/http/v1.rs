@@ -4,11 +4,11 @@ use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{body_bytes, observe, parse_json, ApiError, AppState};
+use super::{body_bytes, observe, parse_json, Admission, ApiError, ApiPath, AppState};
 use crate::error::Error;
 use crate::model::state::ModelState;
 use crate::protocol::v1;
@@ -22,7 +22,7 @@ pub async fn list(State(state): State<AppState>) -> Json<Value> {
 /// `GET /v1/models/{name}`: `{"name", "ready"}` (and `reason` when not ready).
 pub async fn status(
     State(state): State<AppState>,
-    Path(spec): Path<String>,
+    ApiPath(spec): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let entry = state
         .registry
@@ -39,7 +39,8 @@ pub async fn status(
 /// `POST /v1/models/{name}:predict` with `{"instances": [...]}`.
 pub async fn predict(
     State(state): State<AppState>,
-    Path(spec): Path<String>,
+    admission: Admission,
+    ApiPath(spec): ApiPath<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<v1::PredictResponse>, ApiError> {
     let arrival = Instant::now();
@@ -56,6 +57,7 @@ pub async fn predict(
         }
     };
     let result = async {
+        admission.check()?;
         let bytes = body_bytes(body, state.max_body_bytes)?;
         let model = state.registry.ready(name, None)?;
         let value: Value = parse_json(&bytes)?;

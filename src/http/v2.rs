@@ -4,13 +4,13 @@ use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 
-use super::{body_bytes, observe, ApiError, AppState};
+use super::{body_bytes, observe, Admission, ApiError, ApiPath, AppState};
 use crate::protocol::model_config::ModelConfig;
 use crate::protocol::statistics::StatisticsResponse;
 use crate::protocol::v2::{ModelMetadata, ServerMetadata};
@@ -32,7 +32,7 @@ pub async fn server_metadata() -> Json<ServerMetadata> {
 /// `GET /v2/models/{name}[/versions/{version}]`: name, versions, platform, signature.
 pub async fn model_metadata(
     State(state): State<AppState>,
-    Path(p): Path<ModelPath>,
+    ApiPath(p): ApiPath<ModelPath>,
 ) -> Result<Json<ModelMetadata>, ApiError> {
     let model = state.registry.ready(&p.name, p.version.as_deref())?;
     Ok(Json(ModelMetadata::new(
@@ -45,7 +45,7 @@ pub async fn model_metadata(
 /// `GET /v2/models/{name}[/versions/{version}]/ready`: 200 when it serves, 503 when not.
 pub async fn model_ready(
     State(state): State<AppState>,
-    Path(p): Path<ModelPath>,
+    ApiPath(p): ApiPath<ModelPath>,
 ) -> Result<StatusCode, ApiError> {
     match state.registry.ready(&p.name, p.version.as_deref()) {
         Ok(_) => Ok(StatusCode::OK),
@@ -59,12 +59,14 @@ pub async fn model_ready(
 /// tensor data; the answer is JSON, or JSON and binary outputs as asked.
 pub async fn infer(
     State(state): State<AppState>,
-    Path(p): Path<ModelPath>,
+    admission: Admission,
+    ApiPath(p): ApiPath<ModelPath>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let arrival = Instant::now();
     let result = async {
+        admission.check()?;
         let bytes = body_bytes(body, state.max_body_bytes)?;
         let model = state.registry.ready(&p.name, p.version.as_deref())?;
         let header_length = headers.get(HEADER_LENGTH).map(HeaderValue::as_bytes);
@@ -105,7 +107,7 @@ fn infer_response(enc: EncodedResponse) -> Response {
 /// configuration in Triton's shape (model-configuration extension).
 pub async fn model_config(
     State(state): State<AppState>,
-    Path(p): Path<ModelPath>,
+    ApiPath(p): ApiPath<ModelPath>,
 ) -> Result<Json<ModelConfig>, ApiError> {
     let model = state.registry.ready(&p.name, p.version.as_deref())?;
     Ok(Json(model.config()))
@@ -115,7 +117,7 @@ pub async fn model_config(
 /// cumulative statistics (statistics extension).
 pub async fn model_stats(
     State(state): State<AppState>,
-    Path(p): Path<ModelPath>,
+    ApiPath(p): ApiPath<ModelPath>,
 ) -> Result<Json<StatisticsResponse>, ApiError> {
     let model = state.registry.ready(&p.name, p.version.as_deref())?;
     Ok(Json(StatisticsResponse {
@@ -174,7 +176,7 @@ pub async fn repository_index(State(state): State<AppState>) -> Json<Vec<IndexEn
 /// `POST /v2/repository/models/{name}/load`: loads (or reloads) a model of the repository.
 pub async fn repository_load(
     State(state): State<AppState>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     state.repository.load(&name).await?;
     Ok(Json(serde_json::json!({})))
@@ -183,7 +185,7 @@ pub async fn repository_load(
 /// `POST /v2/repository/models/{name}/unload`: stops serving a model; accepted requests finish.
 pub async fn repository_unload(
     State(state): State<AppState>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     state.repository.unload(&name).await?;
     Ok(Json(serde_json::json!({})))

@@ -154,7 +154,10 @@ pub fn validate(req: &mut InferRequest, model: &str, sig: &Signature) -> Result<
 
 /// Refuses a request that uses a parameter of an extension sluice does not
 /// serve (shared memory, classification); `keys` are the parameter names of
-/// the request, input or output that `what` names.
+/// the request, input or output that `what` names. The client asked for
+/// something this server does not offer (its metadata lists no such
+/// extension), so it is a bad request (400, INVALID_ARGUMENT), not a server
+/// failure (501), as Triton answers for a shared-memory region it does not know.
 pub(crate) fn refuse_unsupported<'a>(
     keys: impl IntoIterator<Item = &'a String>,
     what: &str,
@@ -165,7 +168,7 @@ pub(crate) fn refuse_unsupported<'a>(
             "classification" => "classification",
             _ => continue,
         };
-        return Err(Error::Unsupported(format!(
+        return Err(Error::invalid(format!(
             "{what}: parameter `{key}` belongs to the {extension} extension, which sluice does not serve"
         )));
     }

@@ -164,9 +164,21 @@ impl TestServer {
         )
     }
 
-    /// Begins shutdown and waits for the server to exit; returns its result.
+    /// Begins shutdown (the server drains) without waiting for it to exit.
+    pub fn begin_stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    /// Whether the server has exited.
+    pub fn has_exited(&self) -> bool {
+        self.task.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// Begins shutdown (unless begun) and waits for the server to exit; returns its result.
     pub async fn stop(mut self) -> anyhow::Result<()> {
-        let _ = self.stop.take().unwrap().send(());
+        self.begin_stop();
         self.task.take().unwrap().await.unwrap()
     }
 }

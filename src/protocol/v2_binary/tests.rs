@@ -180,7 +180,7 @@ fn other_extensions_are_unsupported() {
     let mut header = one_binary_input(json!(8));
     header["outputs"] = json!([{"name": "a", "parameters": {"classification": 3}}]);
     let e = decode(header, &[&[0; 8]]).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Unsupported);
+    assert_eq!(e.kind(), ErrorKind::InvalidInput);
     assert!(e.to_string().contains("classification extension"), "{e}");
 }
 

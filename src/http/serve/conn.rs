@@ -1,0 +1,421 @@
+//! One connection's state and its timers: how long it may take to send a
+//! request's headers, how long it may stay idle between requests, when the
+//! drain closes it, and when the connection limit evicts it.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+
+use crate::config::HttpLimits;
+
+/// What a connection is doing while no request of it is running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Phase {
+    /// Accepted; nothing read yet.
+    Fresh = 0,
+    /// Bytes of a request arrived; its headers are not complete.
+    Head = 1,
+    /// A request is running (`active > 0`).
+    Busy = 2,
+    /// Between requests (keep-alive).
+    Idle = 3,
+}
+
+impl Phase {
+    fn from_u8(v: u8) -> Phase {
+        match v {
+            0 => Phase::Fresh,
+            1 => Phase::Head,
+            2 => Phase::Busy,
+            _ => Phase::Idle,
+        }
+    }
+}
+
+/// The HTTP/2 connection preface; a connection whose first bytes start it is HTTP/2.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Shared by a connection's task, its I/O wrapper (reads), its requests
+/// (begin/end) and the accept loop (eviction). Only atomics: no lock.
+pub(super) struct ConnState {
+    accepted: Instant,
+    /// Requests handed to the router and not yet answered.
+    active: AtomicUsize,
+    phase: AtomicU8,
+    /// Milliseconds after `accepted` when the current phase began.
+    since_ms: AtomicU64,
+    /// Speaks HTTP/2: reads between requests are control frames, not a new request.
+    h2: AtomicBool,
+    /// The accept loop asks this connection to close to make room.
+    evict: AtomicBool,
+    /// Wakes the connection's task when any of the above changes; the
+    /// task is the only waiter.
+    changed: Notify,
+}
+
+impl ConnState {
+    fn new() -> ConnState {
+        ConnState {
+            accepted: Instant::now(),
+            active: AtomicUsize::new(0),
+            phase: AtomicU8::new(Phase::Fresh as u8),
+            since_ms: AtomicU64::new(0),
+            h2: AtomicBool::new(false),
+            evict: AtomicBool::new(false),
+            changed: Notify::new(),
+        }
+    }
+
+    fn set_phase(&self, phase: Phase, now: Instant) {
+        let ms = now.saturating_duration_since(self.accepted).as_millis() as u64;
+        self.since_ms.store(ms, Ordering::Release);
+        self.phase.store(phase as u8, Ordering::Release);
+        self.changed.notify_one();
+    }
+
+    fn phase(&self) -> (Phase, Instant) {
+        let phase = Phase::from_u8(self.phase.load(Ordering::Acquire));
+        let since = self.accepted + Duration::from_millis(self.since_ms.load(Ordering::Acquire));
+        (phase, since)
+    }
+
+    /// The I/O wrapper read `data`; `first` when these are the connection's first bytes.
+    pub(super) fn on_read(&self, data: &[u8], first: bool) {
+        if first {
+            let n = data.len().min(H2_PREFACE.len());
+            let h2 = n >= 3 && H2_PREFACE.starts_with(&data[..n]);
+            self.h2.store(h2, Ordering::Release);
+        }
+        if self.active.load(Ordering::Acquire) > 0 || self.h2.load(Ordering::Acquire) {
+            return;
+        }
+        match self.phase().0 {
+            // The first request's headers are timed from the accept.
+            Phase::Fresh => self.phase.store(Phase::Head as u8, Ordering::Release),
+            Phase::Idle => self.set_phase(Phase::Head, Instant::now()),
+            Phase::Head | Phase::Busy => {}
+        }
+    }
+
+    /// The router got a request of this connection.
+    pub(super) fn begin_request(&self) {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        self.phase.store(Phase::Busy as u8, Ordering::Release);
+        self.changed.notify_one();
+    }
+
+    /// A request's answer was handed to hyper in full (or dropped).
+    pub(super) fn end_request(&self) {
+        if self.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.set_phase(Phase::Idle, Instant::now());
+        }
+    }
+
+    /// No request of this connection is running.
+    pub(super) fn is_quiet(&self) -> bool {
+        self.active.load(Ordering::Acquire) == 0
+    }
+
+    /// When the current phase's time runs out (none while a request runs).
+    fn deadline(&self, limits: &HttpLimits) -> Option<Instant> {
+        if !self.is_quiet() {
+            return None;
+        }
+        match self.phase() {
+            (Phase::Fresh | Phase::Head, since) => Some(since + limits.header_read_timeout),
+            (Phase::Idle, since) => Some(since + limits.keep_alive_timeout),
+            // A request just ended and its end has not been recorded yet.
+            (Phase::Busy, _) => None,
+        }
+    }
+
+    /// Why the connection must close now, if it must.
+    fn close_reason(&self, limits: &HttpLimits, now: Instant) -> Option<&'static str> {
+        if !self.is_quiet() {
+            // A request started after the accept loop chose this connection.
+            self.evict.store(false, Ordering::Release);
+            return None;
+        }
+        if self.evict.load(Ordering::Acquire) {
+            return Some("evicted to make room: http.max_connections reached");
+        }
+        match self.deadline(limits) {
+            Some(d) if d <= now => Some(match self.phase().0 {
+                Phase::Idle => "idle longer than http.keep_alive_timeout_seconds",
+                _ => "request headers not received within http.header_read_timeout_seconds",
+            }),
+            _ => None,
+        }
+    }
+
+    /// While draining: whether hyper may be told to finish (answer what runs,
+    /// then close). Not while a request's headers are arriving, nor before the
+    /// first request of a connection accepted during the drain (a health probe).
+    fn may_finish(&self, accepted_while_draining: bool) -> bool {
+        if !self.is_quiet() {
+            return true;
+        }
+        match self.phase().0 {
+            Phase::Idle => true,
+            Phase::Fresh => !accepted_while_draining,
+            Phase::Head | Phase::Busy => false,
+        }
+    }
+
+    /// Eviction order: the connection quiet for the longest time first;
+    /// `None` while a request runs.
+    fn quiet_since(&self) -> Option<Instant> {
+        match self.phase() {
+            _ if !self.is_quiet() => None,
+            (Phase::Busy, _) => None,
+            (_, since) => Some(since),
+        }
+    }
+}
+
+/// Every open connection of the HTTP port: the limit, and who to evict.
+pub(super) struct Connections {
+    /// One permit per connection slot; each connection's [`Ticket`] holds one.
+    permits: Arc<Semaphore>,
+    /// Open connections by id. Locked by the accept loop (insert, the
+    /// eviction scan) and by each connection's ticket when it drops
+    /// (remove); never held across an await.
+    open: Mutex<BTreeMap<u64, Arc<ConnState>>>,
+    /// The number of open connections. Sent by tickets (open, close);
+    /// the accept loop waits on it to finish the drain.
+    count: watch::Sender<usize>,
+    next_id: AtomicU64,
+}
+
+/// A connection's slot: its permit and its entry; dropping it frees both.
+pub(super) struct Ticket {
+    id: u64,
+    pub(super) state: Arc<ConnState>,
+    connections: Arc<Connections>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut open = self.connections.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.remove(&self.id);
+        let n = open.len();
+        drop(open);
+        self.connections.count.send_replace(n);
+    }
+}
+
+impl Connections {
+    pub(super) fn new(max: usize) -> Arc<Connections> {
+        Arc::new(Connections {
+            permits: Arc::new(Semaphore::new(max)),
+            open: Mutex::new(BTreeMap::new()),
+            count: watch::Sender::new(0),
+            next_id: AtomicU64::new(0),
+        })
+    }
+
+    /// Watches the number of open connections.
+    pub(super) fn count(&self) -> watch::Receiver<usize> {
+        self.count.subscribe()
+    }
+
+    /// A slot for a new connection: a free one, or one made by evicting the
+    /// connection quiet for the longest; `None` when every connection has a
+    /// request running.
+    pub(super) async fn admit(self: &Arc<Self>) -> Option<Ticket> {
+        let permit = match self.permits.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                if !self.evict_one() {
+                    return None;
+                }
+                // The evicted connection's task closes it at once; allow for
+                // a busy machine before giving up.
+                let wait = self.permits.clone().acquire_owned();
+                tokio::time::timeout(Duration::from_secs(2), wait)
+                    .await
+                    .ok()?
+                    .ok()?
+            }
+        };
+        let state = Arc::new(ConnState::new());
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.insert(id, state.clone());
+        let n = open.len();
+        drop(open);
+        self.count.send_replace(n);
+        Some(Ticket {
+            id,
+            state,
+            connections: self.clone(),
+            _permit: permit,
+        })
+    }
+
+    /// Asks the connection quiet for the longest to close; false if every
+    /// connection has a request running.
+    fn evict_one(&self) -> bool {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let oldest = open
+            .values()
+            .filter(|c| !c.evict.load(Ordering::Acquire))
+            .filter_map(|c| c.quiet_since().map(|since| (since, c)))
+            .min_by_key(|(since, _)| *since);
+        match oldest {
+            Some((_, c)) => {
+                c.evict.store(true, Ordering::Release);
+                c.changed.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// hyper's future for one connection of the HTTP port.
+pub(super) type HyperConnection<'a> = hyper_util::server::conn::auto::Connection<
+    'a,
+    hyper_util::rt::TokioIo<super::io::TrackedIo>,
+    super::service::HttpService,
+    hyper_util::rt::TokioExecutor,
+>;
+
+/// Drives one connection until it ends, closing it when a timer runs out or
+/// it is evicted, and finishing it gracefully once the server drains. hyper
+/// goes first at every wake-up, so bytes that have arrived are read before a
+/// deadline is judged (a starved task does not drop a request that came in time).
+pub(super) async fn drive(
+    mut conn: Pin<&mut HyperConnection<'_>>,
+    state: &ConnState,
+    limits: &HttpLimits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let accepted_while_draining = *stop.borrow();
+    let mut draining = accepted_while_draining;
+    let mut finishing = false;
+    loop {
+        if draining && !finishing && state.may_finish(accepted_while_draining) {
+            conn.as_mut().graceful_shutdown();
+            finishing = true;
+        }
+        let deadline = state.deadline(limits);
+        let sleep = tokio::time::sleep_until(deadline.unwrap_or_else(far_future).into());
+        tokio::select! {
+            biased;
+            done = conn.as_mut() => {
+                if let Err(e) = done {
+                    tracing::debug!(error = %e, "HTTP connection ended with an error");
+                }
+                return;
+            }
+            _ = state.changed.notified() => {}
+            _ = stop.wait_for(|s| *s), if !draining => draining = true,
+            _ = sleep, if deadline.is_some() => {}
+        }
+        if let Some(why) = state.close_reason(limits, Instant::now()) {
+            tracing::debug!(reason = why, "closing HTTP connection");
+            return;
+        }
+    }
+}
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86400 * 365)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> HttpLimits {
+        HttpLimits {
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(60),
+            keep_alive_timeout: Duration::from_secs(75),
+            max_connections: 2,
+            max_header_bytes: 65536,
+        }
+    }
+
+    #[test]
+    fn phases_and_their_deadlines() {
+        let l = limits();
+        let c = ConnState::new();
+        assert_eq!(c.deadline(&l), Some(c.accepted + l.header_read_timeout));
+        c.on_read(b"GET / HTTP/1.1\r\n", true);
+        // The first request's headers are still timed from the accept.
+        assert_eq!(c.deadline(&l), Some(c.accepted + l.header_read_timeout));
+        c.begin_request();
+        assert_eq!(c.deadline(&l), None);
+        assert_eq!(c.close_reason(&l, c.accepted + Duration::from_secs(1000)), None);
+        c.end_request();
+        let (phase, since) = c.phase();
+        assert_eq!(phase, Phase::Idle);
+        assert_eq!(c.deadline(&l), Some(since + l.keep_alive_timeout));
+        let late = since + l.keep_alive_timeout + Duration::from_millis(1);
+        assert!(c.close_reason(&l, late).unwrap().contains("keep_alive"));
+        c.on_read(b"G", false);
+        let (phase, since) = c.phase();
+        assert_eq!(phase, Phase::Head);
+        assert_eq!(c.deadline(&l), Some(since + l.header_read_timeout));
+    }
+
+    #[test]
+    fn http2_control_frames_between_requests_are_not_a_request() {
+        let l = limits();
+        let c = ConnState::new();
+        c.on_read(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", true);
+        c.begin_request();
+        c.end_request();
+        c.on_read(b"\x00\x00\x08\x06", false);
+        assert_eq!(c.phase().0, Phase::Idle);
+        assert!(c.deadline(&l).unwrap() > c.phase().1 + l.header_read_timeout);
+    }
+
+    #[test]
+    fn the_drain_waits_for_headers_and_for_probes_first_request() {
+        let c = ConnState::new();
+        assert!(c.may_finish(false));
+        assert!(!c.may_finish(true));
+        c.on_read(b"GET", true);
+        assert!(!c.may_finish(false));
+        c.begin_request();
+        assert!(c.may_finish(true));
+        c.end_request();
+        assert!(c.may_finish(true));
+    }
+
+    #[tokio::test]
+    async fn at_the_limit_the_longest_quiet_connection_is_evicted_never_a_busy_one() {
+        let l = limits();
+        let conns = Connections::new(2);
+        let busy = conns.admit().await.unwrap();
+        busy.state.begin_request();
+        let quiet = conns.admit().await.unwrap();
+        assert_eq!(*conns.count().borrow(), 2);
+        // Full: the quiet one is asked to close, and its slot goes to the newcomer.
+        let admitting = tokio::spawn({
+            let conns = conns.clone();
+            async move { conns.admit().await.is_some() }
+        });
+        while quiet.state.close_reason(&l, Instant::now()).is_none() {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(busy.state.close_reason(&l, Instant::now()), None);
+        drop(quiet);
+        assert!(admitting.await.unwrap());
+        // Every connection busy: no eviction, refused at once.
+        let conns = Connections::new(1);
+        let only = conns.admit().await.unwrap();
+        only.state.begin_request();
+        assert!(!conns.evict_one());
+        assert!(conns.admit().await.is_none());
+    }
+}

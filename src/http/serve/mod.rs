@@ -1,0 +1,197 @@
+//! The HTTP port's accept loop over hyper (instead of `axum::serve`, which
+//! has no timeouts and no connection limit): a client that sends its
+//! headers or body slowly, or idles, is closed or answered 408 in bounded
+//! time; connections are capped below the open-file limit, and at the cap
+//! the longest-quiet connection makes room for a new one. On shutdown the
+//! port keeps answering (readiness 503) until the requests it had accepted
+//! are answered and every connection has closed.
+
+mod conn;
+mod io;
+mod service;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::config::HttpLimits;
+pub use service::BodyReadTimeout;
+
+/// Serves `router` on `listener` until `stop` turns true and the drain is
+/// over: each connection accepted before it has answered its running
+/// requests and closed, and so has each one accepted since (health probes,
+/// refused inference).
+pub async fn serve(
+    listener: TcpListener,
+    router: axum::Router,
+    limits: HttpLimits,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let limits = Arc::new(HttpLimits {
+        max_connections: connection_cap(limits.max_connections),
+        ..limits
+    });
+    let connections = conn::Connections::new(limits.max_connections);
+    let mut open = connections.count();
+    let builder = Arc::new(builder(&limits));
+    let mut draining = false;
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|s| *s), if !draining => {
+                draining = true;
+                continue;
+            }
+            _ = open.wait_for(|n| *n == 0), if draining => return Ok(()),
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                accept_failed(e).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let Some(ticket) = connections.admit().await else {
+            refuse(stream, limits.max_connections);
+            continue;
+        };
+        let (router, builder, limits, stop) = (router.clone(), builder.clone(), limits.clone(), stop.clone());
+        tokio::spawn(async move {
+            let state = ticket.state.clone();
+            let io = TokioIo::new(io::TrackedIo::new(stream, state.clone(), limits.max_header_bytes));
+            let service = service::HttpService {
+                router,
+                conn: state.clone(),
+                body_read_timeout: limits.body_read_timeout,
+            };
+            {
+                let connection = builder.serve_connection(io, service);
+                tokio::pin!(connection);
+                conn::drive(connection, &state, &limits, stop).await;
+            }
+            // The socket is closed: its slot is free.
+            drop(ticket);
+        });
+    }
+}
+
+/// hyper's settings for every connection. Its own header timeout stays off:
+/// it would also cut idle keep-alive connections, so `conn` keeps both timers.
+fn builder(limits: &HttpLimits) -> auto::Builder<TokioExecutor> {
+    let mut b = auto::Builder::new(TokioExecutor::new());
+    // The read buffer bounds the request line and headers: past it, hyper
+    // answers 431 (which `io` gives a JSON body).
+    b.http1()
+        .header_read_timeout(None)
+        .max_buf_size(limits.max_header_bytes.max(8192));
+    b.http2()
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+    b
+}
+
+/// Answers a connection over the limit at once with 503 and closes it,
+/// without reading its request (nothing waits on a slow client).
+fn refuse(stream: TcpStream, max: usize) {
+    tracing::warn!(
+        max_connections = max,
+        "HTTP connection refused: every connection has a request running"
+    );
+    let body = serde_json::json!({
+        "error": format!("the server has {max} connections with requests running (http.max_connections); retry later")
+    })
+    .to_string();
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         retry-after: 1\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    // A fresh socket's send buffer is empty: the answer fits without waiting.
+    let _ = stream.try_write(answer.as_bytes());
+}
+
+/// A failed `accept`: a connection reset before it was accepted is nothing;
+/// running out of file descriptors is worth a warning and a pause, so the
+/// loop does not spin while nothing can be accepted.
+async fn accept_failed(e: std::io::Error) {
+    use std::io::ErrorKind::*;
+    if matches!(
+        e.kind(),
+        ConnectionAborted | ConnectionReset | ConnectionRefused | Interrupted
+    ) {
+        return;
+    }
+    tracing::warn!(error = %e, "cannot accept an HTTP connection");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+/// `wanted` connections, at most three quarters of the open-file limit (the
+/// rest is for model files, the gRPC port and the runtime).
+fn connection_cap(wanted: usize) -> usize {
+    let Some(files) = open_file_limit() else {
+        return wanted;
+    };
+    let cap = usize::try_from(files / 4 * 3).unwrap_or(usize::MAX).max(1);
+    if wanted > cap {
+        tracing::warn!(
+            max_connections = wanted,
+            open_file_limit = files,
+            cap,
+            "http.max_connections is above three quarters of the open-file limit; capped"
+        );
+    }
+    wanted.min(cap)
+}
+
+/// The soft open-file limit (RLIMIT_NOFILE), if it can be read.
+#[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every target
+fn open_file_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return None;
+    }
+    Some(lim.rlim_cur as u64)
+}
+
+/// Raises the soft open-file limit to the hard one (a process may, without
+/// privileges), so that the connection limit, not the descriptor table,
+/// decides how many clients are served. Returns the soft limit now.
+#[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every target
+pub fn raise_open_file_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write only the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return None;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                tracing::info!(
+                    from = lim.rlim_cur as u64,
+                    to = lim.rlim_max as u64,
+                    "open-file limit raised"
+                );
+                lim = raised;
+            } else {
+                let e = std::io::Error::last_os_error();
+                tracing::warn!(error = %e, soft = lim.rlim_cur as u64, "cannot raise the open-file limit");
+            }
+        }
+    }
+    Some(lim.rlim_cur as u64)
+}

@@ -1,0 +1,153 @@
+//! hyper's view of the router: each request counts as running on its
+//! connection until its answer is handed over, and its body must arrive
+//! within `http.body_read_timeout_seconds`.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use http_body::{Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use tokio::time::{Instant, Sleep};
+
+use super::conn::ConnState;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body of a request did not arrive within `http.body_read_timeout_seconds`.
+/// Handlers find it in the body's error chain and answer 408.
+#[derive(Debug)]
+pub struct BodyReadTimeout(pub Duration);
+
+impl std::fmt::Display for BodyReadTimeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the request body did not arrive within {} s (http.body_read_timeout_seconds)",
+            self.0.as_secs_f64()
+        )
+    }
+}
+
+impl std::error::Error for BodyReadTimeout {}
+
+/// The router, as hyper calls it for one connection.
+#[derive(Clone)]
+pub(crate) struct HttpService {
+    pub(super) router: axum::Router,
+    pub(super) conn: Arc<ConnState>,
+    pub(super) body_read_timeout: Duration,
+}
+
+impl hyper::service::Service<Request<Incoming>> for HttpService {
+    type Response = Response<GuardedBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let guard = RequestGuard::new(self.conn.clone());
+        let timeout = self.body_read_timeout;
+        let req = req.map(|body| {
+            Body::new(TimedBody {
+                inner: body,
+                timeout,
+                deadline: Instant::now() + timeout,
+                sleep: None,
+            })
+        });
+        // `Router` is always ready (its `poll_ready` returns `Ready(Ok)`).
+        let answer = tower_service::Service::call(&mut self.router.clone(), req);
+        Box::pin(async move {
+            let resp = answer.await?;
+            Ok(resp.map(|body| GuardedBody { body, _guard: guard }))
+        })
+    }
+}
+
+/// A running request of a connection; dropping it ends the request.
+struct RequestGuard(Arc<ConnState>);
+
+impl RequestGuard {
+    fn new(conn: Arc<ConnState>) -> RequestGuard {
+        conn.begin_request();
+        RequestGuard(conn)
+    }
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.0.end_request();
+    }
+}
+
+/// An answer's body; the request runs until hyper drops it (sent or abandoned).
+pub(crate) struct GuardedBody {
+    body: Body,
+    _guard: RequestGuard,
+}
+
+impl http_body::Body for GuardedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A request body that fails with [`BodyReadTimeout`] when it is not
+/// complete by `deadline`.
+struct TimedBody {
+    inner: Incoming,
+    timeout: Duration,
+    deadline: Instant,
+    /// Armed the first time the body is not ready.
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl http_body::Body for TimedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(BoxError::from)));
+        }
+        let deadline = this.deadline;
+        let sleep = this
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyReadTimeout(this.timeout))))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
