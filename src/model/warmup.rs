@@ -2,8 +2,69 @@
 //! `max_batch_size` (and `max_batch_size` itself), zero-filled, so that
 //! ONNX Runtime has planned memory for the sizes it will see before the
 //! model turns ready.
+//!
+//! A padded model (`padding`) sees many lengths, not only many batch sizes,
+//! so it is also warmed at each power-of-two length of its padded dims up to
+//! the longest a batch may have (`max_batch_tokens`, or
+//! [`DEFAULT_LONGEST`]), each at one row and at the most rows a batch of
+//! that length may hold. A model may refuse lengths past its own limit (a
+//! transformer's position embeddings): warm-up stops at the first refused
+//! length, and the model still loads.
 
+use crate::batcher::Padding;
+use crate::pool::Warmup;
 use crate::tensor::{DataType, Signature, Tensor, TensorData};
+
+/// The longest padded length warmed when `max_batch_tokens` is not set (BERT's limit).
+pub const DEFAULT_LONGEST: usize = 512;
+
+/// The warm-up batches of a model: [`batches`], then for a padded model [`padded`].
+pub fn plan(
+    sig: &Signature,
+    max_batch_size: usize,
+    padding: Option<&Padding>,
+    max_batch_tokens: Option<usize>,
+) -> Vec<Warmup> {
+    let required = batches(sig, max_batch_size).into_iter().map(|inputs| Warmup {
+        inputs,
+        optional: false,
+    });
+    let lengths = padding.map(|p| padded(sig, p, max_batch_size, max_batch_tokens));
+    required.chain(lengths.into_iter().flatten()).collect()
+}
+
+/// A padded model's batches at each power-of-two length from 2 up to the
+/// longest (`max_batch_tokens`, else [`DEFAULT_LONGEST`]): one row, then the
+/// most rows within `max_batch_size` and `max_batch_tokens`. Optional: the
+/// model may refuse the longer ones.
+pub fn padded(
+    sig: &Signature,
+    padding: &Padding,
+    max_batch_size: usize,
+    max_batch_tokens: Option<usize>,
+) -> Vec<Warmup> {
+    let longest = max_batch_tokens.unwrap_or(DEFAULT_LONGEST);
+    let symbols = padding.symbols().len();
+    let mut out = Vec::new();
+    let mut len = 2;
+    while len <= longest {
+        // Every padded dim at `len`: the tokens of a row are len^symbols.
+        let per_row = len.saturating_pow(symbols as u32);
+        let most = max_batch_tokens.map_or(max_batch_size, |t| (t / per_row).clamp(1, max_batch_size.max(1)));
+        let mut rows = vec![1];
+        if most > 1 && sig.batchable() {
+            rows.push(most);
+        }
+        for r in rows {
+            out.push(Warmup {
+                inputs: batch_with(sig, r, |input, dim| padding.is_padded(input, dim).then_some(len)),
+                optional: true,
+            });
+        }
+        len *= 2;
+    }
+    out
+}
 
 /// The warm-up batches for `sig` with batches of up to `max_batch_size` rows
 /// (batching off: one batch of one row, or of the fixed dim 0).
@@ -27,9 +88,16 @@ pub fn batches(sig: &Signature, max_batch_size: usize) -> Vec<Vec<Tensor>> {
 
 /// One zero-filled batch of `rows` rows (fixed dims kept, other dynamic dims 1).
 fn batch(sig: &Signature, rows: usize) -> Vec<Tensor> {
+    batch_with(sig, rows, |_, _| None)
+}
+
+/// One zero-filled batch of `rows` rows: fixed dims kept, a dynamic dim
+/// `size(input, dim)` when that gives one, else 1.
+fn batch_with(sig: &Signature, rows: usize, size: impl Fn(usize, usize) -> Option<usize>) -> Vec<Tensor> {
     sig.inputs
         .iter()
-        .map(|spec| {
+        .enumerate()
+        .map(|(input, spec)| {
             let shape: Vec<usize> = spec
                 .shape
                 .iter()
@@ -37,7 +105,7 @@ fn batch(sig: &Signature, rows: usize) -> Vec<Tensor> {
                 .map(|(i, &d)| match (i, d) {
                     (0, -1) => rows,
                     (_, d) if d >= 0 => d as usize,
-                    _ => 1,
+                    _ => size(input, i).unwrap_or(1),
                 })
                 .collect();
             let n: usize = shape.iter().product();
@@ -81,11 +149,13 @@ mod tests {
                 name: "x".into(),
                 dtype: DataType::F32,
                 shape: vec![-1, 3, -1],
+                dim_names: vec![],
             }],
             outputs: vec![TensorSpec {
                 name: "y".into(),
                 dtype: DataType::F32,
                 shape: vec![-1],
+                dim_names: vec![],
             }],
         };
         let b = batches(&sig, 12);
@@ -102,6 +172,7 @@ mod tests {
                 name: "x".into(),
                 dtype: DataType::I64,
                 shape: vec![3, 2],
+                dim_names: vec![],
             }],
             outputs: vec![],
         };

@@ -398,6 +398,7 @@ mod tests {
             name: name.into(),
             dtype,
             shape: shape.to_vec(),
+            dim_names: vec![],
         };
         Signature {
             inputs: vec![

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::describe;
-use crate::batcher::Batcher;
+use crate::batcher::{Batcher, Padding};
 use crate::error::error_chain;
 use crate::model::settings::ModelSettings;
 use crate::model::warmup;
@@ -31,6 +31,8 @@ pub async fn build(
         .map_err(|e| format!("loading panicked: {e}"))?
         .map_err(|e| error_chain(&e))?;
     settings.check_declared(&loaded.signature)?;
+    // `padding` against the ONNX file's inputs, outputs and dim names.
+    let padding = Padding::new(&loaded.signature, &settings.padding)?;
     if !settings.unused.is_empty() {
         tracing::info!(
             model = %name,
@@ -48,16 +50,22 @@ pub async fn build(
     let devices: Vec<String> = loaded.sessions.iter().map(|(d, _)| d.to_string()).collect();
     let outputs: Vec<String> = loaded.signature.outputs.iter().map(|o| o.name.clone()).collect();
     let warm = match settings.warmup {
-        true => warmup::batches(&loaded.signature, settings.batching.max_batch_size),
+        true => warmup::plan(
+            &loaded.signature,
+            settings.batching.max_batch_size,
+            padding.as_ref(),
+            settings.batching.max_batch_tokens,
+        ),
         false => Vec::new(),
     };
+    let padded = padding.as_ref().map(|p| p.symbols().join(","));
     let started = Instant::now();
     let (workers, warmed) = ModelWorkers::spawn(name, loaded.sessions, pool, warm, outputs.clone());
     for w in warmed {
         w.await
             .map_err(|_| "a session thread died during warm-up".to_string())??;
     }
-    let batcher = Batcher::spawn(name, settings.batching, Arc::new(workers), outputs);
+    let batcher = Batcher::spawn(name, settings.batching, Arc::new(workers), outputs, padding);
     tracing::info!(
         model = %name,
         version = settings.version.as_deref().unwrap_or("-"),
@@ -67,6 +75,7 @@ pub async fn build(
         outputs = %describe(&loaded.signature.outputs),
         max_batch_size = settings.batching.max_batch_size,
         policy = ?settings.batching.policy,
+        padded = padded.as_deref().unwrap_or("-"),
         warmup = ?started.elapsed(),
         "model ready"
     );
