@@ -4,19 +4,21 @@
 //! model turns ready.
 //!
 //! A padded model (`padding`) sees many lengths, not only many batch sizes,
-//! so it is also warmed at each power-of-two length of its padded dims up to
-//! the longest a batch may have (`max_batch_tokens`, or
-//! [`DEFAULT_LONGEST`]), each at one row and at the most rows a batch of
-//! that length may hold. A model may refuse lengths past its own limit (a
+//! so it is also warmed at one row of each power-of-two length of its padded
+//! dims up to the longest a batch may have (`max_batch_tokens`), at most
+//! [`LONGEST`]. A model may refuse lengths past its own limit (a
 //! transformer's position embeddings): warm-up stops at the first refused
-//! length, and the model still loads.
+//! length, and the model still loads. (On CPU, a batch at a new shape costs
+//! at most about 1.3× its steady-state time, so warming every rows × length
+//! pair, seconds of work for a transformer, buys little: `benches/README.md`.)
 
 use crate::batcher::Padding;
 use crate::pool::Warmup;
 use crate::tensor::{DataType, Signature, Tensor, TensorData};
 
-/// The longest padded length warmed when `max_batch_tokens` is not set (BERT's limit).
-pub const DEFAULT_LONGEST: usize = 512;
+/// The longest padded length warmed (BERT's limit): longer lengths are rare,
+/// slow to warm, and past many models' limit.
+pub const LONGEST: usize = 512;
 
 /// The warm-up batches of a model: [`batches`], then for a padded model [`padded`].
 pub fn plan(
@@ -29,38 +31,22 @@ pub fn plan(
         inputs,
         optional: false,
     });
-    let lengths = padding.map(|p| padded(sig, p, max_batch_size, max_batch_tokens));
+    let lengths = padding.map(|p| padded(sig, p, max_batch_tokens));
     required.chain(lengths.into_iter().flatten()).collect()
 }
 
-/// A padded model's batches at each power-of-two length from 2 up to the
-/// longest (`max_batch_tokens`, else [`DEFAULT_LONGEST`]): one row, then the
-/// most rows within `max_batch_size` and `max_batch_tokens`. Optional: the
-/// model may refuse the longer ones.
-pub fn padded(
-    sig: &Signature,
-    padding: &Padding,
-    max_batch_size: usize,
-    max_batch_tokens: Option<usize>,
-) -> Vec<Warmup> {
-    let longest = max_batch_tokens.unwrap_or(DEFAULT_LONGEST);
-    let symbols = padding.symbols().len();
+/// A padded model's batches: one row at each power-of-two length from 2 up
+/// to the longest a batch may have (`max_batch_tokens`), at most [`LONGEST`].
+/// Optional: the model may refuse the longer ones.
+pub fn padded(sig: &Signature, padding: &Padding, max_batch_tokens: Option<usize>) -> Vec<Warmup> {
+    let longest = max_batch_tokens.unwrap_or(LONGEST).min(LONGEST);
     let mut out = Vec::new();
     let mut len = 2;
     while len <= longest {
-        // Every padded dim at `len`: the tokens of a row are len^symbols.
-        let per_row = len.saturating_pow(symbols as u32);
-        let most = max_batch_tokens.map_or(max_batch_size, |t| (t / per_row).clamp(1, max_batch_size.max(1)));
-        let mut rows = vec![1];
-        if most > 1 && sig.batchable() {
-            rows.push(most);
-        }
-        for r in rows {
-            out.push(Warmup {
-                inputs: batch_with(sig, r, |input, dim| padding.is_padded(input, dim).then_some(len)),
-                optional: true,
-            });
-        }
+        out.push(Warmup {
+            inputs: batch_with(sig, 1, |input, dim| padding.is_padded(input, dim).then_some(len)),
+            optional: true,
+        });
         len *= 2;
     }
     out
@@ -179,5 +165,33 @@ mod tests {
         let b = batches(&sig, 32);
         assert_eq!(b.len(), 1);
         assert_eq!(b[0][0].shape, vec![3, 2]);
+    }
+
+    #[test]
+    fn a_padded_model_is_also_warmed_at_power_of_two_lengths() {
+        let i = |n: &str| TensorSpec {
+            name: n.into(),
+            dtype: DataType::I64,
+            shape: vec![-1, -1],
+            dim_names: vec!["batch".into(), "sequence".into()],
+        };
+        let sig = Signature {
+            inputs: vec![i("ids"), i("mask")],
+            outputs: vec![],
+        };
+        let values = serde_json::from_str(r#"{"ids": 0, "mask": 0}"#).unwrap();
+        let padding = Padding::new(&sig, &values).unwrap().unwrap();
+        let warm = plan(&sig, 4, Some(&padding), Some(100));
+        let shapes: Vec<(Vec<usize>, bool)> = warm.iter().map(|w| (w.inputs[1].shape.clone(), w.optional)).collect();
+        let required = [1, 2, 4].map(|r| (vec![r, 1], false));
+        let lengths = [2, 4, 8, 16, 32, 64].map(|l| (vec![1, l], true));
+        assert_eq!(shapes, [&required[..], &lengths[..]].concat());
+        // Without max_batch_tokens: up to LONGEST.
+        let longest = plan_lengths(&plan(&sig, 4, Some(&padding), None));
+        assert_eq!(longest, LONGEST);
+    }
+
+    fn plan_lengths(plan: &[Warmup]) -> usize {
+        plan.iter().map(|w| w.inputs[0].shape[1]).max().unwrap()
     }
 }
