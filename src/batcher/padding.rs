@@ -142,11 +142,13 @@ impl Padding {
                         dims.push(ANY);
                         match lengths[s] {
                             None => lengths[s] = Some((n, &t.name)),
-                            Some((m, other)) if m != n => return Err(format!(
+                            Some((m, other)) if m != n => {
+                                return Err(format!(
                                 "input `{}` has {n} in dim {d} (`{}`), but input `{other}` has {m} there; \
                                      the inputs' `{}` dims must agree",
                                 t.name, self.symbols[s], self.symbols[s]
-                            )),
+                            ))
+                            }
                             Some(_) => {}
                         }
                     }
@@ -192,7 +194,7 @@ impl Padding {
         if all == 0 {
             0.0
         } else {
-            1.0 - real as f64 / all as f64
+            (all - real) as f64 / all as f64
         }
     }
 
@@ -304,17 +306,17 @@ fn pad_value(dtype: DataType, v: &Value) -> Result<TensorData, String> {
     let int = |lo: i128, hi: i128| -> Result<i128, String> {
         let n = v.as_i64().map(i128::from).or(v.as_u64().map(i128::from));
         n.filter(|n| (lo..=hi).contains(n))
-            .ok_or_else(|| format!("which is not a {dtype} value (an integer from {lo} to {hi})"))
+            .ok_or_else(|| format!("which does not fit {dtype} (an integer from {lo} to {hi})"))
     };
     let float = |max: f64| -> Result<f64, String> {
         v.as_f64()
             .filter(|x| x.abs() <= max)
-            .ok_or_else(|| format!("which is not a {dtype} value (a number)"))
+            .ok_or_else(|| format!("which does not fit {dtype} (a number)"))
     };
     Ok(match dtype {
         DataType::Bool => TensorData::Bool(vec![v
             .as_bool()
-            .ok_or_else(|| "which is not a BOOL value (true or false)".to_string())?]),
+            .ok_or_else(|| "which does not fit BOOL (true or false)".to_string())?]),
         DataType::U8 => TensorData::U8(vec![int(0, u8::MAX.into())? as u8]),
         DataType::U16 => TensorData::U16(vec![int(0, u16::MAX.into())? as u16]),
         DataType::U32 => TensorData::U32(vec![int(0, u32::MAX.into())? as u32]),
@@ -329,7 +331,7 @@ fn pad_value(dtype: DataType, v: &Value) -> Result<TensorData, String> {
         DataType::F64 => TensorData::F64(vec![float(f64::MAX)?]),
         DataType::Bytes => TensorData::Bytes(vec![v
             .as_str()
-            .ok_or_else(|| "which is not a BYTES value (a string)".to_string())?
+            .ok_or_else(|| "which does not fit BYTES (a string)".to_string())?
             .as_bytes()
             .to_vec()]),
     })

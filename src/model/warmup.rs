@@ -182,7 +182,10 @@ mod tests {
         let values = serde_json::from_str(r#"{"ids": 0, "mask": 0}"#).unwrap();
         let padding = Padding::new(&sig, &values).unwrap().unwrap();
         let warm = plan(&sig, 4, Some(&padding), Some(100));
-        let shapes: Vec<(Vec<usize>, bool)> = warm.iter().map(|w| (w.inputs[1].shape.clone(), w.optional)).collect();
+        let shapes: Vec<(Vec<usize>, bool)> = warm
+            .iter()
+            .map(|w| (w.inputs[1].shape.clone(), w.optional))
+            .collect();
         let required = [1, 2, 4].map(|r| (vec![r, 1], false));
         let lengths = [2, 4, 8, 16, 32, 64].map(|l| (vec![1, l], true));
         assert_eq!(shapes, [&required[..], &lengths[..]].concat());

@@ -126,9 +126,9 @@ fn pad_values_must_fit_the_datatype() {
     )
     .unwrap_err();
     for want in [
-        "`padding.input_ids` is 0.5, which is not a INT64 value",
-        "`padding.attention_mask` is true, which is not a INT64 value",
-        "`padding.token_type_ids` is \"0\", which is not a INT64 value",
+        "`padding.input_ids` is 0.5, which does not fit INT64",
+        "`padding.attention_mask` is true, which does not fit INT64",
+        "`padding.token_type_ids` is \"0\", which does not fit INT64",
     ] {
         assert!(err.contains(want), "{want} not in: {err}");
     }
