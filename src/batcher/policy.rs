@@ -21,7 +21,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::queue::State;
+use super::queue::{Limits, State};
 use crate::model::settings::{BatchPolicyKind, BatchSettings};
 
 /// The adaptive policy lets a free session idle, waiting for one more
@@ -92,7 +92,7 @@ pub fn decide(state: &State, now: Instant, settings: &BatchSettings, cap: Capaci
     let Some(oldest) = state.oldest() else {
         return Decision::Idle;
     };
-    if !settings.batching_enabled() || state.batchable_rows() >= settings.max_batch_size {
+    if !settings.batching_enabled() || state.batch_is_full(Limits::of(settings)) {
         return if cap.any() {
             Decision::Flush(Trigger::Size)
         } else {
@@ -154,6 +154,8 @@ mod tests {
             policy,
             max_queue_size: 100,
             timeout: Duration::from_secs(60),
+            max_batch_tokens: None,
+            max_padding_ratio: crate::model::settings::Fraction::new(0.25).unwrap(),
         }
     }
 

@@ -3,6 +3,11 @@
 //! and an estimate of the arrival rate. No channels, no clock reads: the
 //! batching task owns one `State` and passes `now` in, so every rule here is
 //! unit-tested directly.
+//!
+//! Entries of a padded model (`padding`) carry their lengths of the padded
+//! dims, and their key leaves those dims out, so requests of different
+//! lengths group together; `select.rs` picks which of them share the oldest
+//! entry's batch so that the padding stays within bounds.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -10,7 +15,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::error::Error;
+use crate::model::settings::BatchSettings;
 use crate::tensor::Tensor;
+
+mod select;
 
 /// What a request (or one chunk of an oversize request) gets back: every
 /// output of the model for its own rows, and the id of its batch.
@@ -23,7 +31,11 @@ pub struct Entry {
     pub inputs: Vec<Tensor>,
     pub rows: usize,
     /// Trailing dims of every input: entries batch together only when equal.
+    /// A padded model's key leaves its padded dims out (see [`Entry::padded`]).
     pub key: Vec<Vec<usize>>,
+    /// A padded model's entry: its length of each padded dim (`Padding::symbols`
+    /// order). Empty for a model without padding.
+    pub lengths: Vec<usize>,
     pub arrival: Instant,
     /// Past this instant the entry is answered 504 and never run.
     pub deadline: Instant,
@@ -51,10 +63,57 @@ impl Entry {
             inputs,
             rows,
             key,
+            lengths: Vec::new(),
             arrival,
             deadline,
             reply,
             releases_slot: true,
+        }
+    }
+}
+
+impl Entry {
+    /// The entry of a padded model: `key` and `lengths` as `Padding::measure` gives them.
+    pub fn padded(mut self, key: Vec<Vec<usize>>, lengths: Vec<usize>) -> Entry {
+        self.key = key;
+        self.lengths = lengths;
+        self
+    }
+
+    /// Padded elements per row: the product of its lengths (1 without padding).
+    pub fn tokens_per_row(&self) -> usize {
+        self.lengths.iter().product::<usize>().max(1)
+    }
+}
+
+/// What bounds one batch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    /// Most rows (`max_batch_size`, at least 1).
+    pub max_rows: usize,
+    /// Padded models: most padded tokens, rows × the product of the longest
+    /// lengths (`max_batch_tokens`); `None` = no bound.
+    pub max_tokens: Option<usize>,
+    /// Padded models: most padded tokens ÷ all tokens (`max_padding_ratio`).
+    pub max_padding: f64,
+}
+
+impl Limits {
+    /// The limits the live batch settings give.
+    pub fn of(settings: &BatchSettings) -> Limits {
+        Limits {
+            max_rows: settings.max_batch_size.max(1),
+            max_tokens: settings.max_batch_tokens,
+            max_padding: settings.max_padding_ratio.get(),
+        }
+    }
+
+    /// Rows only, as for a model without padding.
+    pub fn rows(max_rows: usize) -> Limits {
+        Limits {
+            max_rows,
+            max_tokens: None,
+            max_padding: 0.0,
         }
     }
 }
@@ -114,7 +173,18 @@ impl State {
         self.entries.front().map(|e| e.arrival)
     }
 
-    /// Rows of the entries that would join the oldest entry's batch.
+    /// True when the oldest entry's batch cannot grow: it has `max_rows`
+    /// rows (counting every entry of its key, as without padding), or, for a
+    /// padded model, the next entry that may join it does not fit its rows or tokens.
+    pub fn batch_is_full(&self, limits: Limits) -> bool {
+        match self.entries.front() {
+            None => false,
+            Some(first) if first.lengths.is_empty() => self.batchable_rows() >= limits.max_rows,
+            Some(_) => select::pick(&self.entries, limits).full,
+        }
+    }
+
+    /// Rows of the entries that would join the oldest entry's batch (without padding).
     pub fn batchable_rows(&self) -> usize {
         let Some(first) = self.entries.front() else {
             return 0;
@@ -178,10 +248,30 @@ impl State {
     /// one key leave in arrival order (a small request never jumps a larger
     /// one that did not fit, so a split request's chunks run in order). The
     /// oldest entry is always taken (the batcher splits entries to fit).
-    pub fn take_batch(&mut self, max_rows: usize) -> Vec<Entry> {
-        let Some(first) = self.entries.pop_front() else {
+    ///
+    /// A padded model's batch is the oldest entry and the entries
+    /// `select::pick` chooses, in arrival order.
+    pub fn take_batch(&mut self, limits: Limits) -> Vec<Entry> {
+        let max_rows = limits.max_rows;
+        let Some(first) = self.entries.front() else {
             return Vec::new();
         };
+        if !first.lengths.is_empty() {
+            let picked = select::pick(&self.entries, limits).indices;
+            let mut batch = Vec::with_capacity(picked.len());
+            let mut rest = VecDeque::with_capacity(self.entries.len());
+            let mut next = picked.iter().peekable();
+            for (i, e) in self.entries.drain(..).enumerate() {
+                if next.next_if(|&&p| p == i).is_some() {
+                    batch.push(e);
+                } else {
+                    rest.push_back(e);
+                }
+            }
+            self.entries = rest;
+            return batch;
+        }
+        let first = self.entries.pop_front().expect("checked above");
         let mut rows = first.rows;
         let key = first.key.clone();
         let mut batch = vec![first];
@@ -236,11 +326,14 @@ pub(crate) mod tests {
             keep.push(rx);
             s.push(e);
         }
-        let b = s.take_batch(8);
+        let b = s.take_batch(Limits::rows(8));
         // 3 + 4 fit; 2 would make 9; 5 too: skipped entries keep their place.
         assert_eq!(b.iter().map(|e| e.rows).collect::<Vec<_>>(), vec![3, 4]);
         assert_eq!(
-            s.take_batch(8).iter().map(|e| e.rows).collect::<Vec<_>>(),
+            s.take_batch(Limits::rows(8))
+                .iter()
+                .map(|e| e.rows)
+                .collect::<Vec<_>>(),
             vec![2, 5]
         );
         assert!(s.is_empty());
@@ -257,11 +350,17 @@ pub(crate) mod tests {
             s.push(e);
         }
         assert_eq!(
-            s.take_batch(8).iter().map(|e| e.rows).collect::<Vec<_>>(),
+            s.take_batch(Limits::rows(8))
+                .iter()
+                .map(|e| e.rows)
+                .collect::<Vec<_>>(),
             vec![3]
         );
         assert_eq!(
-            s.take_batch(8).iter().map(|e| e.rows).collect::<Vec<_>>(),
+            s.take_batch(Limits::rows(8))
+                .iter()
+                .map(|e| e.rows)
+                .collect::<Vec<_>>(),
             vec![6, 1]
         );
     }
@@ -277,10 +376,10 @@ pub(crate) mod tests {
         s.push(b);
         s.push(c);
         assert_eq!(s.batchable_rows(), 2);
-        let first = s.take_batch(32);
+        let first = s.take_batch(Limits::rows(32));
         assert_eq!(first.len(), 2);
         assert!(first.iter().all(|e| e.key == vec![vec![4]]));
-        let second = s.take_batch(32);
+        let second = s.take_batch(Limits::rows(32));
         assert_eq!(second.len(), 1);
         assert_eq!(second[0].key, vec![vec![5]]);
     }

@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
+use super::padding::Padding;
 use super::policy::{decide, Capacity, Decision, Trigger};
-use super::queue::{Dropped, Entry, State};
+use super::queue::{Dropped, Entry, Limits, State};
 use super::{Batcher, Msg};
 use crate::error::Error;
 use crate::metrics;
@@ -37,6 +38,8 @@ pub(super) struct Shared {
     pub queued: Arc<AtomicUsize>,
     /// Cumulative statistics, also read through the `Batcher` handle.
     pub stats: Arc<ModelStats>,
+    /// How requests of different lengths are padded into one batch (`None`: they never are).
+    pub padding: Option<Arc<Padding>>,
 }
 
 /// The loop. `entries`: requests from every `Batcher` handle (closed when
@@ -90,7 +93,7 @@ pub(super) async fn batching_task(
         };
         let wait = match decision {
             Decision::Flush(trigger) => {
-                let batch = state.take_batch(current.max_batch_size.max(1));
+                let batch = state.take_batch(Limits::of(&current));
                 in_flight += 1;
                 dispatch(&shared, batch, trigger, done_tx.clone());
                 continue;
@@ -180,6 +183,19 @@ fn dispatch(
     let now = Instant::now();
     let rows: usize = batch.iter().map(|e| e.rows).sum();
     metrics::batch_dispatched(&shared.model, rows, trigger.as_str());
+    if let Some(p) = &shared.padding {
+        let parts: Vec<&[Tensor]> = batch.iter().map(|e| &e.inputs[..]).collect();
+        let max = longest(&batch);
+        metrics::padding_ratio(&shared.model, p.ratio(&parts, &max));
+        // Each padded batch's composition, for benches/padding.rs to replay on raw ONNX Runtime.
+        tracing::trace!(
+            target: "sluice::batch",
+            model = %shared.model,
+            rows = ?batch.iter().map(|e| e.rows).collect::<Vec<_>>(),
+            lengths = ?batch.iter().map(|e| e.lengths.clone()).collect::<Vec<_>>(),
+            "padded batch"
+        );
+    }
     for e in &batch {
         let waited = now.saturating_duration_since(e.arrival);
         metrics::queue_delay(&shared.model, waited);
@@ -213,10 +229,12 @@ async fn run_batch(shared: &Shared, mut batch: Vec<Entry>) -> Duration {
             let answers: Vec<(Entry, Vec<Tensor>)> = batch
                 .into_iter()
                 .map(|e| {
-                    let mine = outputs
-                        .iter()
-                        .map(|t| t.slice_rows(offset..offset + e.rows))
-                        .collect();
+                    let range = offset..offset + e.rows;
+                    let mine = match &shared.padding {
+                        // Each output dim padding changed is cut back to the entry's lengths.
+                        Some(p) => p.split(&outputs, range, &e.lengths),
+                        None => outputs.iter().map(|t| t.slice_rows(range.clone())).collect(),
+                    };
                     offset += e.rows;
                     (e, mine)
                 })
@@ -262,12 +280,15 @@ struct Ran {
 async fn run(shared: &Shared, batch: &mut [Entry]) -> Result<Ran, Error> {
     let rows: usize = batch.iter().map(|e| e.rows).sum();
     let concat = Instant::now();
-    let inputs: Vec<Tensor> = if batch.len() == 1 {
-        std::mem::take(&mut batch[0].inputs)
-    } else {
-        (0..batch[0].inputs.len())
+    // A padded model's batch is padded to its longest entry in each padded dim.
+    let padded = shared.padding.as_ref().filter(|_| batch.len() > 1);
+    let max = longest(batch);
+    let inputs: Vec<Tensor> = match padded {
+        _ if batch.len() == 1 => std::mem::take(&mut batch[0].inputs),
+        Some(p) => p.concat(&batch.iter().map(|e| &e.inputs[..]).collect::<Vec<_>>(), &max),
+        None => (0..batch[0].inputs.len())
             .map(|i| Tensor::concat_rows(&batch.iter().map(|e| &e.inputs[i]).collect::<Vec<_>>()))
-            .collect()
+            .collect(),
     };
     let oldest = batch
         .iter()
@@ -295,6 +316,12 @@ async fn run(shared: &Shared, batch: &mut [Entry]) -> Result<Ran, Error> {
                     .into(),
                 });
             }
+            if let Some(Err(message)) = padded.map(|p| p.check_outputs(&outputs, &max)) {
+                return Err(Error::Runtime {
+                    model,
+                    message: message.into(),
+                });
+            }
             let times = BatchTimes {
                 input,
                 infer,
@@ -320,4 +347,15 @@ async fn run(shared: &Shared, batch: &mut [Entry]) -> Result<Ran, Error> {
             })
         }
     }
+}
+
+/// The longest length of each padded dim over the batch's entries (empty without padding).
+fn longest(batch: &[Entry]) -> Vec<usize> {
+    let mut max = batch.first().map(|e| e.lengths.clone()).unwrap_or_default();
+    for e in batch {
+        for (m, l) in max.iter_mut().zip(&e.lengths) {
+            *m = (*m).max(*l);
+        }
+    }
+    max
 }

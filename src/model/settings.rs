@@ -140,6 +140,12 @@ pub struct BatchSettings {
     /// How long a request may take, queue included.
     #[serde(serialize_with = "secs")]
     pub timeout: Duration,
+    /// Most padded tokens in one batch of a padded model: rows × the product
+    /// of the padded dims' lengths (TEI's `max_batch_tokens`); `None` = no bound.
+    pub max_batch_tokens: Option<usize>,
+    /// Padded models: most padded elements ÷ all elements of a batch; a request that would
+    /// push its batch past it waits for another (the oldest request always runs).
+    pub max_padding_ratio: Fraction,
 }
 
 impl BatchSettings {
@@ -148,6 +154,26 @@ impl BatchSettings {
         self.max_batch_size > 1
     }
 }
+
+/// A number from 0 to 1 (never NaN, so it compares as a total order).
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize)]
+pub struct Fraction(f64);
+
+impl Eq for Fraction {}
+
+impl Fraction {
+    /// `x` when it is from 0 to 1.
+    pub fn new(x: f64) -> Option<Fraction> {
+        (0.0..=1.0).contains(&x).then_some(Fraction(x))
+    }
+
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+/// Default `max_padding_ratio` (see `benches/README.md`, padding).
+pub const DEFAULT_MAX_PADDING_RATIO: f64 = 0.25;
 
 /// Server-wide defaults for the fields a `model-settings.json` leaves out. `config.rs` fills
 /// them from `config/sluice.toml` and `SLUICE_MODEL_MAX_BATCH_SIZE` / `SLUICE_MODEL_MAX_BATCH_TIME`.
@@ -223,6 +249,10 @@ pub struct ModelSettings {
     pub warmup: bool,
     /// CUDA provider options.
     pub cuda: CudaOptions,
+    /// Pad value per input name (`padding`): requests whose padded inputs differ only in
+    /// their symbolic dims share batches (empty = padding off). Each value is a JSON number,
+    /// boolean or string, checked against the input's datatype when the ONNX file is loaded.
+    pub padding: std::collections::BTreeMap<String, Value>,
     /// The signature the file declares (MLServer's `inputs` / `outputs`), checked against the
     /// ONNX file's at load time; `None` where not declared.
     pub declared: Declared,
@@ -279,7 +309,7 @@ pub fn validate_model_name(name: &str) -> Result<(), String> {
 /// The known fields of each object, space-separated.
 const TOP: &str = "name parameters max_batch_size max_batch_time batch_policy max_queue_size timeout \
                    instances execution_provider device_ids intra_op_threads warmup cuda batcher \
-                   inputs outputs implementation parallel_workers warm_workers platform versions cache_enabled";
+                   padding max_batch_tokens max_padding_ratio inputs outputs implementation parallel_workers warm_workers platform versions cache_enabled";
 const PARAMETERS: &str = "uri version content_type format extra";
 const CUDA: &str = "gpu_mem_limit arena_extend_strategy cudnn_conv_algo_search do_copy_in_default_stream";
 const BATCHER: &str = "maxBatchSize maxLatency timeout";
@@ -403,6 +433,26 @@ impl ModelSettings {
                 .map(|n| n as usize),
         };
         let warmup = get(top, "warmup").and_then(|v| w.boolean(v, "warmup"));
+        let padding = get(top, "padding").map(|v| w.padding(v)).unwrap_or_default();
+        let max_batch_tokens = get(top, "max_batch_tokens")
+            .and_then(|v| w.int(v, "max_batch_tokens", 1, 1 << 40))
+            .map(|n| n as usize);
+        let max_padding_ratio = get(top, "max_padding_ratio").and_then(|v| {
+            w.number(v, "max_padding_ratio", "a number between 0 and 1", |x| {
+                (0.0..=1.0).contains(&x)
+            })
+        });
+        for (field, given) in [
+            ("max_batch_tokens", max_batch_tokens.is_some()),
+            ("max_padding_ratio", max_padding_ratio.is_some()),
+        ] {
+            if given && padding.is_empty() {
+                w.problems.push(format!(
+                    "`{field}` bounds the padded tokens of a batch, but `padding` is not set; \
+                     set `padding` too, or remove `{field}`"
+                ));
+            }
+        }
 
         let mut cuda = CudaOptions::default();
         if let Some(c) = get(top, "cuda").and_then(|v| w.object(v, "cuda.", CUDA)) {
@@ -441,6 +491,9 @@ impl ModelSettings {
                 policy: policy.unwrap_or(defaults.batch_policy),
                 max_queue_size: max_queue_size.map_or(defaults.max_queue_size, |n| n as usize),
                 timeout: timeout.map_or(defaults.timeout, Duration::from_secs_f64),
+                max_batch_tokens,
+                max_padding_ratio: Fraction::new(max_padding_ratio.unwrap_or(DEFAULT_MAX_PADDING_RATIO))
+                    .expect("checked to be from 0 to 1"),
             },
             instances: instances.map_or(defaults.instances, |n| n as usize),
             execution_provider: provider.unwrap_or(defaults.execution_provider),
@@ -448,6 +501,7 @@ impl ModelSettings {
             intra_op_threads,
             warmup: warmup.unwrap_or(defaults.warmup),
             cuda,
+            padding,
             declared,
             unused,
         })
@@ -498,7 +552,7 @@ impl ModelSettings {
 
     /// True when going from `self` to `new` needs new ONNX Runtime sessions: anything other than
     /// changes to the batching fields (`max_batch_size`, `max_batch_time`, `batch_policy`,
-    /// `max_queue_size`, `timeout`) and the version label, with the name kept. A changed ONNX file
+    /// `max_queue_size`, `timeout`, `max_batch_tokens`, `max_padding_ratio`) and the version label, with the name kept. A changed ONNX file
     /// under the same `uri` is not visible here: the caller compares the files.
     pub fn requires_new_sessions(&self, new: &ModelSettings) -> bool {
         let mut same_sessions = new.clone();

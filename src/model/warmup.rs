@@ -2,8 +2,55 @@
 //! `max_batch_size` (and `max_batch_size` itself), zero-filled, so that
 //! ONNX Runtime has planned memory for the sizes it will see before the
 //! model turns ready.
+//!
+//! A padded model (`padding`) sees many lengths, not only many batch sizes,
+//! so it is also warmed at one row of each power-of-two length of its padded
+//! dims up to the longest a batch may have (`max_batch_tokens`), at most
+//! [`LONGEST`]. A model may refuse lengths past its own limit (a
+//! transformer's position embeddings): warm-up stops at the first refused
+//! length, and the model still loads. (On CPU, a batch at a new shape costs
+//! at most about 1.3× its steady-state time, so warming every rows × length
+//! pair, seconds of work for a transformer, buys little: `benches/README.md`.)
 
+use crate::batcher::Padding;
+use crate::pool::Warmup;
 use crate::tensor::{DataType, Signature, Tensor, TensorData};
+
+/// The longest padded length warmed (BERT's limit): longer lengths are rare,
+/// slow to warm, and past many models' limit.
+pub const LONGEST: usize = 512;
+
+/// The warm-up batches of a model: [`batches`], then for a padded model [`padded`].
+pub fn plan(
+    sig: &Signature,
+    max_batch_size: usize,
+    padding: Option<&Padding>,
+    max_batch_tokens: Option<usize>,
+) -> Vec<Warmup> {
+    let required = batches(sig, max_batch_size).into_iter().map(|inputs| Warmup {
+        inputs,
+        optional: false,
+    });
+    let lengths = padding.map(|p| padded(sig, p, max_batch_tokens));
+    required.chain(lengths.into_iter().flatten()).collect()
+}
+
+/// A padded model's batches: one row at each power-of-two length from 2 up
+/// to the longest a batch may have (`max_batch_tokens`), at most [`LONGEST`].
+/// Optional: the model may refuse the longer ones.
+pub fn padded(sig: &Signature, padding: &Padding, max_batch_tokens: Option<usize>) -> Vec<Warmup> {
+    let longest = max_batch_tokens.unwrap_or(LONGEST).min(LONGEST);
+    let mut out = Vec::new();
+    let mut len = 2;
+    while len <= longest {
+        out.push(Warmup {
+            inputs: batch_with(sig, 1, |input, dim| padding.is_padded(input, dim).then_some(len)),
+            optional: true,
+        });
+        len *= 2;
+    }
+    out
+}
 
 /// The warm-up batches for `sig` with batches of up to `max_batch_size` rows
 /// (batching off: one batch of one row, or of the fixed dim 0).
@@ -27,9 +74,16 @@ pub fn batches(sig: &Signature, max_batch_size: usize) -> Vec<Vec<Tensor>> {
 
 /// One zero-filled batch of `rows` rows (fixed dims kept, other dynamic dims 1).
 fn batch(sig: &Signature, rows: usize) -> Vec<Tensor> {
+    batch_with(sig, rows, |_, _| None)
+}
+
+/// One zero-filled batch of `rows` rows: fixed dims kept, a dynamic dim
+/// `size(input, dim)` when that gives one, else 1.
+fn batch_with(sig: &Signature, rows: usize, size: impl Fn(usize, usize) -> Option<usize>) -> Vec<Tensor> {
     sig.inputs
         .iter()
-        .map(|spec| {
+        .enumerate()
+        .map(|(input, spec)| {
             let shape: Vec<usize> = spec
                 .shape
                 .iter()
@@ -37,7 +91,7 @@ fn batch(sig: &Signature, rows: usize) -> Vec<Tensor> {
                 .map(|(i, &d)| match (i, d) {
                     (0, -1) => rows,
                     (_, d) if d >= 0 => d as usize,
-                    _ => 1,
+                    _ => size(input, i).unwrap_or(1),
                 })
                 .collect();
             let n: usize = shape.iter().product();
@@ -81,11 +135,13 @@ mod tests {
                 name: "x".into(),
                 dtype: DataType::F32,
                 shape: vec![-1, 3, -1],
+                dim_names: vec![],
             }],
             outputs: vec![TensorSpec {
                 name: "y".into(),
                 dtype: DataType::F32,
                 shape: vec![-1],
+                dim_names: vec![],
             }],
         };
         let b = batches(&sig, 12);
@@ -102,11 +158,43 @@ mod tests {
                 name: "x".into(),
                 dtype: DataType::I64,
                 shape: vec![3, 2],
+                dim_names: vec![],
             }],
             outputs: vec![],
         };
         let b = batches(&sig, 32);
         assert_eq!(b.len(), 1);
         assert_eq!(b[0][0].shape, vec![3, 2]);
+    }
+
+    #[test]
+    fn a_padded_model_is_also_warmed_at_power_of_two_lengths() {
+        let i = |n: &str| TensorSpec {
+            name: n.into(),
+            dtype: DataType::I64,
+            shape: vec![-1, -1],
+            dim_names: vec!["batch".into(), "sequence".into()],
+        };
+        let sig = Signature {
+            inputs: vec![i("ids"), i("mask")],
+            outputs: vec![],
+        };
+        let values = serde_json::from_str(r#"{"ids": 0, "mask": 0}"#).unwrap();
+        let padding = Padding::new(&sig, &values).unwrap().unwrap();
+        let warm = plan(&sig, 4, Some(&padding), Some(100));
+        let shapes: Vec<(Vec<usize>, bool)> = warm
+            .iter()
+            .map(|w| (w.inputs[1].shape.clone(), w.optional))
+            .collect();
+        let required = [1, 2, 4].map(|r| (vec![r, 1], false));
+        let lengths = [2, 4, 8, 16, 32, 64].map(|l| (vec![1, l], true));
+        assert_eq!(shapes, [&required[..], &lengths[..]].concat());
+        // Without max_batch_tokens: up to LONGEST.
+        let longest = plan_lengths(&plan(&sig, 4, Some(&padding), None));
+        assert_eq!(longest, LONGEST);
+    }
+
+    fn plan_lengths(plan: &[Warmup]) -> usize {
+        plan.iter().map(|w| w.inputs[0].shape[1]).max().unwrap()
     }
 }

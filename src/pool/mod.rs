@@ -115,6 +115,17 @@ pub struct ModelWorkers {
 /// A warm-up outcome of one session.
 pub type WarmupResult = Result<(), String>;
 
+/// One warm-up batch, run on every session before the model turns ready.
+#[derive(Debug, Clone)]
+pub struct Warmup {
+    /// The inputs, in signature order.
+    pub inputs: Vec<Tensor>,
+    /// True for a batch the model may refuse (a padded model's longer
+    /// lengths): warm-up then stops there and the model still loads. Optional
+    /// batches come after every required one.
+    pub optional: bool,
+}
+
 impl ModelWorkers {
     /// Starts one thread per session. Each thread first runs the `warmup`
     /// batches on its own session and reports through the returned
@@ -123,7 +134,7 @@ impl ModelWorkers {
         model: &str,
         sessions: Vec<(Device, Box<dyn Session>)>,
         pool: &Pool,
-        warmup: Vec<Vec<Tensor>>,
+        warmup: Vec<Warmup>,
         outputs: Vec<String>,
     ) -> (ModelWorkers, Vec<oneshot::Receiver<WarmupResult>>) {
         let instances = sessions.len();
@@ -149,15 +160,7 @@ impl ModelWorkers {
                     .name(format!("sluice-s{instance}-{model}").chars().take(15).collect())
                     .spawn(move || {
                         let _g = span.enter();
-                        let mut result = Ok(());
-                        for batch in &warmup {
-                            if let Err(e) = session.run(batch, &outputs) {
-                                let rows = batch.first().map(Tensor::rows).unwrap_or(0);
-                                result = Err(format!("warm-up batch of {rows} rows failed: {e}"));
-                                break;
-                            }
-                        }
-                        let _ = warm_tx.send(result);
+                        let _ = warm_tx.send(warm_up(session.as_mut(), &warmup, &outputs));
                         session_loop(session.as_mut(), rx);
                     })
                     .expect("cannot spawn a session thread");
@@ -218,6 +221,25 @@ impl ModelWorkers {
         })?;
         rx.await.map_err(|_| RunError::Closed)?
     }
+}
+
+/// Runs the warm-up batches on one session; the first required one that fails fails it.
+fn warm_up(session: &mut dyn Session, warmup: &[Warmup], outputs: &[String]) -> WarmupResult {
+    for batch in warmup {
+        if let Err(e) = session.run(&batch.inputs, outputs) {
+            let shape = batch.inputs.first().map(|t| t.shape.clone()).unwrap_or_default();
+            if batch.optional {
+                tracing::info!(
+                    ?shape,
+                    error = %e,
+                    "warm-up stops at a length the model refuses (requests that long will fail too)"
+                );
+                return Ok(());
+            }
+            return Err(format!("warm-up batch of shape {shape:?} failed: {e}"));
+        }
+    }
+    Ok(())
 }
 
 /// Serves jobs until every sender is gone (the model was dropped).

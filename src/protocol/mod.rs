@@ -471,6 +471,7 @@ mod tests {
             name: name.into(),
             dtype,
             shape: shape.to_vec(),
+            dim_names: vec![],
         };
         Signature {
             inputs: vec![

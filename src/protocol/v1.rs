@@ -204,6 +204,7 @@ mod tests {
             name: name.into(),
             dtype,
             shape: shape.to_vec(),
+            dim_names: vec![],
         }
     }
 

@@ -488,11 +488,13 @@ mod tests {
                 name: "x".into(),
                 dtype: DataType::F32,
                 shape: vec![-1, 3],
+                dim_names: vec![],
             }],
             outputs: vec![TensorSpec {
                 name: "y".into(),
                 dtype: DataType::I64,
                 shape: vec![-1],
+                dim_names: vec![],
             }],
         };
         let meta = serde_json::to_value(ModelMetadata::new("mdl", Some("2"), &sig)).unwrap();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::describe;
-use crate::batcher::Batcher;
+use crate::batcher::{Batcher, Padding};
 use crate::error::error_chain;
 use crate::error::Error;
 use crate::model::settings::ModelSettings;
@@ -87,6 +87,8 @@ pub async fn build(
     settings
         .check_declared(&loaded.signature)
         .map_err(LoadError::Files)?;
+    // `padding` against the ONNX file's inputs, outputs and dim names.
+    let padding = Padding::new(&loaded.signature, &settings.padding).map_err(LoadError::Files)?;
     if !settings.unused.is_empty() {
         tracing::info!(
             model = %name,
@@ -104,9 +106,15 @@ pub async fn build(
     let devices: Vec<String> = loaded.sessions.iter().map(|(d, _)| d.to_string()).collect();
     let outputs: Vec<String> = loaded.signature.outputs.iter().map(|o| o.name.clone()).collect();
     let warm = match settings.warmup {
-        true => warmup::batches(&loaded.signature, settings.batching.max_batch_size),
+        true => warmup::plan(
+            &loaded.signature,
+            settings.batching.max_batch_size,
+            padding.as_ref(),
+            settings.batching.max_batch_tokens,
+        ),
         false => Vec::new(),
     };
+    let padded = padding.as_ref().map(|p| p.symbols().join(","));
     let started = Instant::now();
     let (workers, warmed) = ModelWorkers::spawn(name, loaded.sessions, pool, warm, outputs.clone());
     for w in warmed {
@@ -114,7 +122,7 @@ pub async fn build(
             .map_err(|_| LoadError::Internal("a session thread died during warm-up".into()))?
             .map_err(LoadError::Files)?;
     }
-    let batcher = Batcher::spawn(name, settings.batching, Arc::new(workers), outputs);
+    let batcher = Batcher::spawn(name, settings.batching, Arc::new(workers), outputs, padding);
     let memory = Memory {
         host_bytes: crate::runtime::resident_bytes().saturating_sub(resident_before),
         weights_bytes: loaded.weights_bytes,
@@ -128,6 +136,7 @@ pub async fn build(
         outputs = %describe(&loaded.signature.outputs),
         max_batch_size = settings.batching.max_batch_size,
         policy = ?settings.batching.policy,
+        padded = padded.as_deref().unwrap_or("-"),
         warmup = ?started.elapsed(),
         host_bytes = memory.host_bytes,
         weights_bytes = memory.weights_bytes,

@@ -305,13 +305,19 @@ fn dtype_of(ty: TensorElementType) -> Option<DataType> {
 
 fn spec_of(name: &str, ty: &ValueType) -> Result<TensorSpec, String> {
     match ty {
-        ValueType::Tensor { ty, shape, .. } => {
+        ValueType::Tensor {
+            ty,
+            shape,
+            dimension_symbols,
+        } => {
             let dtype = dtype_of(*ty)
                 .ok_or_else(|| format!("`{name}` has element type {ty}, which sluice cannot serve"))?;
             Ok(TensorSpec {
                 name: name.to_string(),
                 dtype,
                 shape: shape.iter().map(|&d| if d < 0 { -1 } else { d }).collect(),
+                // The ONNX file's `dim_param`s ("batch", "sequence"): padding goes by them.
+                dim_names: dimension_symbols.iter().map(|s| s.to_string()).collect(),
             })
         }
         other => Err(format!(

@@ -5,6 +5,7 @@
 
 pub mod batching;
 pub mod grpc;
+pub mod minilm;
 pub mod prometheus;
 pub mod reload;
 

@@ -133,6 +133,8 @@ fn settings(policy: BatchPolicyKind, max_batch_size: usize, max_batch_time_ms: u
         policy,
         max_queue_size: 1024,
         timeout: Duration::from_secs(60),
+        max_batch_tokens: None,
+        max_padding_ratio: crate::model::settings::Fraction::new(0.25).unwrap(),
     }
 }
 
@@ -155,7 +157,7 @@ fn start_on(pool: &Pool, name: &str, settings: BatchSettings, delay: Duration, i
         .collect();
     let outputs = vec!["y".to_string()];
     let (workers, _warmed) = ModelWorkers::spawn(name, sessions, pool, Vec::new(), outputs.clone());
-    let batcher = Batcher::spawn(name, settings, Arc::new(workers), outputs);
+    let batcher = Batcher::spawn(name, settings, Arc::new(workers), outputs, None);
     Model { batcher, seen, gate }
 }
 

@@ -271,6 +271,34 @@ impl Walker {
         given
     }
 
+    /// `padding`: a non-empty object of input name → pad value (a number, boolean or string;
+    /// the datatype is checked against the ONNX file at load time).
+    pub(super) fn padding(&mut self, v: &Value) -> std::collections::BTreeMap<String, Value> {
+        let expected = "an object of input name → pad value, e.g. {\"input_ids\": 0, \"attention_mask\": 0}";
+        let Some(obj) = v.as_object() else {
+            return self.bad("padding", expected, v).unwrap_or_default();
+        };
+        if obj.is_empty() {
+            self.push::<()>("`padding` is empty: name the inputs to pad, or leave it out".into());
+        }
+        let mut out = std::collections::BTreeMap::new();
+        for (name, value) in obj {
+            match value {
+                Value::Number(_) | Value::Bool(_) | Value::String(_) => {
+                    out.insert(name.clone(), value.clone());
+                }
+                _ => self
+                    .bad::<()>(
+                        &format!("padding.{name}"),
+                        "a pad value (a number, true or false, or a string)",
+                        value,
+                    )
+                    .unwrap_or_default(),
+            }
+        }
+        out
+    }
+
     pub(super) fn device_ids(&mut self, v: &Value) -> Vec<u32> {
         let expected = "a non-empty array of GPU indices (integers between 0 and 63)";
         let ids = match v.as_array() {
