@@ -107,6 +107,9 @@ pub struct HttpConfig {
     pub max_connections: usize,
     /// Largest request line and headers, in bytes.
     pub max_header_bytes: usize,
+    /// Most bytes that accepted requests (HTTP and gRPC) may hold at once;
+    /// 0 = a quarter of the memory the process may use.
+    pub max_inflight_bytes: usize,
 }
 
 /// The HTTP port's limits, validated and typed (from [`HttpConfig`]).
@@ -199,6 +202,7 @@ impl Default for HttpConfig {
             keep_alive_timeout_seconds: 75.0,
             max_connections: 10_000,
             max_header_bytes: 64 << 10,
+            max_inflight_bytes: 0,
         }
     }
 }
@@ -264,6 +268,14 @@ pub struct CliOverrides {
 }
 
 impl Config {
+    /// The server-wide budget of bytes held by accepted requests.
+    pub fn budget(&self) -> crate::budget::ByteBudget {
+        crate::budget::ByteBudget::new(match self.http.max_inflight_bytes {
+            0 => crate::budget::default_total(),
+            n => n,
+        })
+    }
+
     /// The access rules of the HTTP and gRPC ports.
     pub fn access(&self) -> crate::access::Access {
         let key = |k: &Option<String>| k.clone().filter(|k| !k.is_empty());

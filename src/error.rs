@@ -45,6 +45,9 @@ pub enum Error {
     /// The server is draining and takes no new requests.
     #[error("server is shutting down")]
     ShuttingDown,
+    /// The server holds too many bytes of accepted requests (`http.max_inflight_bytes`).
+    #[error("{message}")]
+    Busy { message: String, retry_after: Duration },
     /// The endpoint needs an API key and none was sent.
     #[error("{0}")]
     Unauthenticated(String),
@@ -108,7 +111,7 @@ impl Error {
             Error::InvalidInput(_) => ErrorKind::InvalidInput,
             Error::PayloadTooLarge(_) => ErrorKind::PayloadTooLarge,
             Error::RequestTimeout(_) => ErrorKind::RequestTimeout,
-            Error::Overloaded { .. } => ErrorKind::Overloaded,
+            Error::Overloaded { .. } | Error::Busy { .. } => ErrorKind::Overloaded,
             Error::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
             Error::Runtime { .. } => ErrorKind::Runtime,
             Error::Unsupported(_) => ErrorKind::Unsupported,

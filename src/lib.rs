@@ -15,6 +15,7 @@
 
 pub mod access;
 pub mod batcher;
+pub mod budget;
 pub mod config;
 pub mod error;
 pub mod grpc;
@@ -102,6 +103,7 @@ impl Server {
             stopping: Arc::new(AtomicBool::new(false)),
             max_body_bytes: config.http.max_body_bytes,
             access: config.access(),
+            budget: config.budget(),
         };
         Ok(Server {
             config,
@@ -161,6 +163,7 @@ impl Server {
             max_message_bytes: config.grpc.max_message_bytes,
             max_outstanding_per_stream: config.grpc.max_outstanding_per_stream,
             access: config.access(),
+            budget: state.budget.clone(),
         };
         let mut graceful = stop_rx.clone();
         let grpc_serve = grpc::serve(grpc_listener, grpc_state, async move {

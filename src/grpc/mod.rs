@@ -40,6 +40,8 @@ pub struct GrpcState {
     pub max_outstanding_per_stream: usize,
     /// Who may call what (API keys in metadata, model control).
     pub access: crate::access::Access,
+    /// Bytes held by accepted requests, shared with the HTTP port.
+    pub budget: crate::budget::ByteBudget,
 }
 
 impl GrpcState {

@@ -38,6 +38,9 @@ impl InferenceService {
     /// Runs one inference request through the model's batcher.
     async fn infer(&self, req: ModelInferRequest) -> Result<ModelInferResponse, Error> {
         let arrival = Instant::now();
+        // Held until answered; the message is already decoded, so this bounds
+        // what accepted gRPC requests hold together with the HTTP port's.
+        let _held = self.state.budget.reserve(prost::Message::encoded_len(&req))?;
         let name = req.model_name.clone();
         let result = async {
             let model = self.state.registry.ready(&name, non_empty(&req.model_version))?;

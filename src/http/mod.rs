@@ -44,6 +44,8 @@ pub struct AppState {
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
     /// Who may call what (API keys, model control); checked by [`guard`].
     pub access: crate::access::Access,
+    /// Bytes held by accepted requests, shared with the gRPC port; reserved by [`guard`].
+    pub budget: crate::budget::ByteBudget,
 }
 
 impl AppState {
@@ -153,22 +155,42 @@ fn scope_of(path: &str) -> Option<Scope> {
     }
 }
 
-/// Refuses a request its scope does not allow (401 without a key that is
-/// needed, 403 with a wrong one or for disabled model control), before any
-/// handler or body read.
+/// Before any handler or body read: refuses a request its scope does not
+/// allow (401 without a key that is needed, 403 with a wrong one or for
+/// disabled model control), then reserves its body's bytes in the
+/// server-wide budget (503 beyond it) and holds them until it is answered.
 async fn guard(
     axum::extract::State(state): axum::extract::State<AppState>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
+    let refuse = |e| axum::response::IntoResponse::into_response(ApiError(e));
+    let headers = req.headers();
     if let Some(scope) = scope_of(req.uri().path()) {
-        let headers = req.headers();
         let key = crate::access::presented_key(|name| headers.get(name).and_then(|v| v.to_str().ok()));
         if let Err(e) = state.access.check(scope, key) {
-            return axum::response::IntoResponse::into_response(ApiError(e));
+            return refuse(e);
         }
     }
+    let _held = match state.budget.reserve(body_size(headers, state.max_body_bytes)) {
+        Ok(r) => r,
+        Err(e) => return refuse(e),
+    };
     next.run(req).await
+}
+
+/// The bytes a request's body will hold: its `Content-Length` (at most the
+/// body limit), or the body limit for a chunked body of unknown size.
+fn body_size(headers: &axum::http::HeaderMap, limit: usize) -> usize {
+    use axum::http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+    let length = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<usize>().ok());
+    match length {
+        Some(n) => n.min(limit),
+        None if headers.contains_key(TRANSFER_ENCODING) => limit,
+        None => 0,
+    }
 }
 
 /// `GET /metrics`: Prometheus text format.
@@ -233,6 +255,29 @@ fn find_source<'a, E: std::error::Error + 'static>(
         cur = err.source();
     }
     None
+}
+
+/// Bodies above this size are decoded on a blocking thread, so that a large
+/// JSON body (tens of milliseconds to parse) does not hold up the async
+/// workers that serve every other request.
+const DECODE_INLINE_BYTES: usize = 256 << 10;
+
+/// Runs `decode` over the body, off the async workers when the body is
+/// large; the body is dropped as soon as it is decoded.
+pub(crate) async fn decode_body<T: Send + 'static>(
+    bytes: Bytes,
+    decode: impl FnOnce(Bytes) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    if bytes.len() <= DECODE_INLINE_BYTES {
+        return decode(bytes);
+    }
+    tokio::task::spawn_blocking(move || decode(bytes))
+        .await
+        .map_err(|e| {
+            ApiError(Error::Internal(format!(
+                "decoding the request body panicked: {e}"
+            )))
+        })?
 }
 
 /// Parses a JSON body, naming where it is invalid.

@@ -60,8 +60,12 @@ pub async fn predict(
         admission.check()?;
         let bytes = body_bytes(body, state.max_body_bytes)?;
         let model = state.registry.ready(name, None)?;
-        let value: Value = parse_json(&bytes)?;
-        let req = v1::decode(value, &model.signature)?;
+        let m = model.clone();
+        let req = super::decode_body(bytes, move |b| {
+            let value: Value = parse_json(&b)?;
+            Ok(v1::decode(value, &m.signature)?)
+        })
+        .await?;
         let resp = model.infer(req, arrival).await?;
         Ok(Json(v1::encode(&resp)))
     }

@@ -69,8 +69,12 @@ pub async fn infer(
         admission.check()?;
         let bytes = body_bytes(body, state.max_body_bytes)?;
         let model = state.registry.ready(&p.name, p.version.as_deref())?;
-        let header_length = headers.get(HEADER_LENGTH).map(HeaderValue::as_bytes);
-        let decoded = v2_binary::decode_request(&bytes, header_length)?;
+        let header_length = headers.get(HEADER_LENGTH).map(|v| v.as_bytes().to_vec());
+        // The body is freed once decoded (the tensors own their data).
+        let decoded = super::decode_body(bytes, move |b| {
+            Ok(v2_binary::decode_request(&b, header_length.as_deref())?)
+        })
+        .await?;
         let resp = model.infer(decoded.request, arrival).await?;
         Ok(infer_response(v2_binary::encode_response(
             &resp,

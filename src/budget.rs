@@ -1,0 +1,113 @@
+//! The server-wide budget of bytes held by accepted requests
+//! (`http.max_inflight_bytes`), shared by the HTTP and gRPC ports. A request
+//! reserves its size before its body is read (HTTP: its `Content-Length`;
+//! chunked bodies: `http.max_body_bytes`, the most they may hold) or once its
+//! message is decoded (gRPC), and holds the reservation until it is answered.
+//! Beyond the budget it is refused at once with 503 and `Retry-After`, so
+//! that many large bodies cannot exhaust memory together (each model's
+//! `max_queue_size` bounds requests, not bytes, and not across models).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::error::Error;
+
+/// One permit per byte; the HTTP and gRPC ports hold clones.
+#[derive(Clone, Debug)]
+pub struct ByteBudget {
+    /// Its other holders are the [`Reservation`]s of requests in flight.
+    permits: Arc<Semaphore>,
+    total: usize,
+}
+
+/// Bytes a request holds; released on drop.
+#[derive(Debug)]
+pub struct Reservation(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
+
+impl ByteBudget {
+    pub fn new(total: usize) -> ByteBudget {
+        let total = total.clamp(1, Semaphore::MAX_PERMITS);
+        ByteBudget {
+            permits: Arc::new(Semaphore::new(total)),
+            total,
+        }
+    }
+
+    /// Reserves `bytes` for one request, or refuses (503) when the requests
+    /// already accepted hold too much. A request larger than the whole
+    /// budget is let through alone (when nothing else is held), so that a
+    /// budget below `max_body_bytes` never makes a request impossible.
+    pub fn reserve(&self, bytes: usize) -> Result<Reservation, Error> {
+        if bytes == 0 {
+            return Ok(Reservation(None));
+        }
+        let n = u32::try_from(bytes.min(self.total)).unwrap_or(u32::MAX);
+        match self.permits.clone().try_acquire_many_owned(n) {
+            Ok(p) => Ok(Reservation(Some(p))),
+            Err(_) => Err(Error::Busy {
+                message: format!(
+                    "the server already holds {} bytes of accepted requests and this one needs {bytes} \
+                     (http.max_inflight_bytes = {}); retry later",
+                    self.total - self.permits.available_permits(),
+                    self.total
+                ),
+                retry_after: Duration::from_secs(1),
+            }),
+        }
+    }
+}
+
+/// The default budget: a quarter of the memory this process may use (the
+/// container's cgroup limit where there is one, else the machine's), at
+/// least 256 MiB.
+pub fn default_total() -> usize {
+    let machine = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let kib: u64 = m
+            .lines()
+            .find(|l| l.starts_with("MemTotal:"))?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        Some(kib * 1024)
+    });
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    let limit = match (machine, cgroup) {
+        (Some(m), Some(c)) => m.min(c),
+        (m, c) => m.or(c).unwrap_or(4 << 30),
+    };
+    usize::try_from(limit / 4).unwrap_or(usize::MAX).max(256 << 20)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_are_held_until_dropped_and_refusals_name_the_key() {
+        let b = ByteBudget::new(1000);
+        let a = b.reserve(600).unwrap();
+        let e = b.reserve(600).unwrap_err();
+        assert!(matches!(e, Error::Busy { .. }), "{e:?}");
+        assert!(e.to_string().contains("http.max_inflight_bytes = 1000"), "{e}");
+        assert!(e.to_string().contains("holds 600 bytes"), "{e}");
+        drop(a);
+        let _c = b.reserve(600).unwrap();
+        // Larger than the whole budget: alone, it passes; beside another, not.
+        let b = ByteBudget::new(100);
+        drop(b.reserve(1_000_000).unwrap());
+        let _small = b.reserve(1).unwrap();
+        assert!(b.reserve(1_000_000).is_err());
+        assert!(b.reserve(0).is_ok());
+    }
+
+    #[test]
+    fn the_default_is_a_quarter_of_memory_and_at_least_256_mib() {
+        let d = default_total();
+        assert!(d >= 256 << 20, "{d}");
+    }
+}

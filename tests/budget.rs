@@ -1,0 +1,112 @@
+//! The server-wide budget of bytes held by accepted requests
+//! (`http.max_inflight_bytes`), end to end: while one request holds most of
+//! it, another is refused at once (HTTP 503 with `Retry-After`, gRPC
+//! UNAVAILABLE) before its body is read, and once the first is answered the
+//! next one passes; large bodies (decoded off the async workers) still get
+//! the right answers.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::grpc::{client, infer_request};
+use common::prometheus::Metrics;
+use common::*;
+use serde_json::{json, Value};
+
+/// A V2 body of `rows` digits rows (about 390 bytes a row).
+fn digits_body(rows: usize) -> (Value, Vec<Value>) {
+    let exp = fixture("digits_expected.json");
+    let inputs = exp["inputs"].as_array().unwrap();
+    let data: Vec<Value> = (0..rows).map(|i| inputs[i % inputs.len()].clone()).collect();
+    let labels = (0..rows)
+        .map(|i| exp["labels"][i % inputs.len()].clone())
+        .collect();
+    (
+        json!({"inputs": [v2_input("input", "FP32", &[rows, 64], json!(data))]}),
+        labels,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_beyond_the_byte_budget_are_refused_until_the_held_ones_are_answered() {
+    let repo = repo_with(&["digits"]);
+    // Held in the queue for 2 s (fixed policy, a batch that never fills).
+    write_settings(
+        repo.path(),
+        "digits",
+        r#"{"batch_policy": "fixed", "max_batch_size": 4096, "max_batch_time": 2}"#,
+    );
+    let s = TestServer::start_with(repo.path(), |c| c.http.max_inflight_bytes = 60_000).await;
+    let (big, labels) = digits_body(100);
+    let size = serde_json::to_vec(&big).unwrap().len();
+    assert!(size > 30_000 && size < 60_000, "{size}");
+
+    let (first, second) = tokio::join!(s.post("/v2/models/digits/infer", &big), async {
+        let t0 = Instant::now();
+        while Metrics::scrape(&s)
+            .await
+            .sum("sluice_queue_size", &[("model", "digits")])
+            < 1.0
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the first request never queued"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let r = s
+            .client
+            .post(s.url("/v2/models/digits/infer"))
+            .json(&big)
+            .send()
+            .await
+            .unwrap();
+        let retry = r
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_string());
+        let status = r.status().as_u16();
+        let body: Value = r.json().await.unwrap();
+        // gRPC shares the budget.
+        let mut grpc = client(&s).await;
+        let rows: Vec<f32> = vec![0.5; 64 * 200];
+        let e = grpc
+            .model_infer(infer_request("digits", "input", &[200, 64], &rows))
+            .await
+            .unwrap_err();
+        (status, retry, body, e.code())
+    });
+    assert_eq!(first.0, 200, "{}", first.1);
+    assert_eq!(v2_output(&first.1, "label")["data"], json!(labels));
+    let (status, retry, body, grpc_code) = second;
+    assert_eq!((status, retry.as_deref()), (503, Some("1")), "{body}");
+    assert!(
+        error_message(&body).contains("http.max_inflight_bytes = 60000"),
+        "{body}"
+    );
+    assert_eq!(grpc_code, tonic::Code::Unavailable);
+    // The first one answered: its bytes are free again.
+    let (st, r) = s.post("/v2/models/digits/infer", &digits_body(10).0).await;
+    assert_eq!(st, 200, "{r}");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_body_is_decoded_off_the_async_workers_and_answered_right() {
+    let repo = repo_with(&["digits"]);
+    let s = TestServer::start(repo.path()).await;
+    // About 2.5 MB of JSON: above the size decoded inline.
+    let (big, labels) = digits_body(6_400);
+    let (st, r) = s.post("/v2/models/digits/infer", &big).await;
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(v2_output(&r, "label")["data"], json!(labels));
+    let exp = fixture("digits_expected.json");
+    let rows: Vec<Value> = (0..6_400).map(|i| exp["inputs"][i % 64].clone()).collect();
+    let (st, r) = s
+        .post("/v1/models/digits:predict", &json!({"instances": rows}))
+        .await;
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["predictions"][6_399]["label"], exp["labels"][6_399 % 64]);
+    s.stop().await.unwrap();
+}
