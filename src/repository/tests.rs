@@ -63,6 +63,7 @@ impl Runtime for FakeRuntime {
             name: name.into(),
             dtype: DataType::F32,
             shape: vec![-1, 2],
+            dim_names: vec![],
         };
         let sessions = (0..settings.instances)
             .map(|_| (Device::Cpu, Box::new(Times(k)) as Box<dyn Session>))
