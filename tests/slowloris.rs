@@ -157,18 +157,13 @@ fn raise_own_file_limit() -> u64 {
     lim.rlim_cur as u64
 }
 
-/// The real binary with a soft open-file limit of 256 (as a shell's
-/// `ulimit -Sn 256`), 500 connections that never finish their headers (and a
-/// header timeout longer than the test), then fresh clients: each is
-/// answered. The old server ran out of descriptors after ~250 connections,
-/// and fresh clients waited forever in its accept queue.
-#[tokio::test]
-async fn five_hundred_slow_connections_do_not_lock_out_a_fresh_client() {
-    let slow = 500usize.min(raise_own_file_limit().saturating_sub(200) as usize);
+/// `sluice serve` on an empty repository under `ulimit` settings `limits`
+/// (a shell's `ulimit` arguments), with `env` added; returns it and its HTTP port.
+fn spawn_limited(limits: &str, env: &[(&str, &str)]) -> (Reaped, Lines, u16) {
     let repo = repo_with(&[]);
-    let mut child = Command::new("bash")
-        .arg("-c")
-        .arg(r#"ulimit -Sn 256 && exec "$0" "$@""#)
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c")
+        .arg(format!(r#"ulimit {limits} && exec "$0" "$@""#))
         .arg(env!("CARGO_BIN_EXE_sluice"))
         .args([
             "serve",
@@ -183,13 +178,39 @@ async fn five_hundred_slow_connections_do_not_lock_out_a_fresh_client() {
         .arg(repo.path())
         .current_dir(root())
         .env_remove("RUST_LOG")
-        .env("SLUICE_HTTP__MAX_CONNECTIONS", "100")
-        .env("SLUICE_HTTP__HEADER_READ_TIMEOUT_SECONDS", "600")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let port = listening_port(&mut child);
+        .stderr(Stdio::piped());
+    let mut child = Reaped {
+        child: cmd.spawn().unwrap(),
+        _repo: repo,
+    };
+    let mut lines = Lines(
+        BufReader::new(child.child.stderr.take().unwrap()).lines(),
+        Vec::new(),
+    );
+    let port = lines
+        .until("sluice listening")
+        .split("http=127.0.0.1:")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .expect("no HTTP port in the log");
+    (child, lines, port)
+}
+
+/// The real binary with an open-file limit of 256 (soft and hard, so it
+/// cannot be raised: the connection limit is capped at 192), 500 connections
+/// that never finish their headers (under a header timeout longer than the
+/// test), then fresh clients: each is answered. The old server ran out of
+/// descriptors after ~250 connections, and fresh clients waited forever in
+/// its accept queue.
+#[tokio::test]
+async fn five_hundred_slow_connections_do_not_lock_out_a_fresh_client() {
+    let slow = 500usize.min(raise_own_file_limit().saturating_sub(200) as usize);
+    let timeout = [("SLUICE_HTTP__HEADER_READ_TIMEOUT_SECONDS", "600")];
+    let (mut child, lines, port) = spawn_limited("-Sn 256 && ulimit -Hn 256", &timeout);
+    lines.drain();
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let mut held = Vec::new();
     for _ in 0..slow {
@@ -216,21 +237,59 @@ async fn five_hundred_slow_connections_do_not_lock_out_a_fresh_client() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    assert!(child.child.try_wait().unwrap().is_none(), "sluice exited");
     drop(held);
 }
 
-/// Reads the child's stderr until `sluice listening ... http=127.0.0.1:PORT`,
-/// then keeps draining it on a thread.
-fn listening_port(child: &mut std::process::Child) -> u16 {
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let port = loop {
-        let line = lines.next().expect("sluice exited before it listened").unwrap();
-        if let Some(rest) = line.split("http=127.0.0.1:").nth(1) {
-            break rest.split_whitespace().next().unwrap().parse().unwrap();
+#[test]
+fn the_soft_open_file_limit_is_raised_to_the_hard_one() {
+    let hard = raise_own_file_limit();
+    if hard <= 256 {
+        eprintln!("hard open-file limit {hard}: nothing to raise; skipped");
+        return;
+    }
+    // Raised while binding, so logged before `sluice listening`.
+    let (_child, lines, _) = spawn_limited("-Sn 256", &[]);
+    let raised = lines.1.iter().find(|l| l.contains("open-file limit raised"));
+    let raised = raised.unwrap_or_else(|| panic!("not raised:\n{}", lines.1.join("\n")));
+    assert!(
+        raised.contains("from=256") && raised.contains(&format!("to={hard}")),
+        "{raised}"
+    );
+}
+
+/// A child that is killed (and its repository removed) when the test ends.
+struct Reaped {
+    child: std::process::Child,
+    _repo: tempfile::TempDir,
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The child's stderr, line by line, and the lines read so far.
+struct Lines(std::io::Lines<BufReader<std::process::ChildStderr>>, Vec<String>);
+
+impl Lines {
+    /// The first line to come containing `needle` (panics if the child's
+    /// log ends first).
+    fn until(&mut self, needle: &str) -> String {
+        for line in self.0.by_ref() {
+            let line = line.unwrap();
+            self.1.push(line.clone());
+            if line.contains(needle) {
+                return line;
+            }
         }
-    };
-    std::thread::spawn(move || lines.for_each(drop));
-    port
+        panic!("sluice's log ended without `{needle}`:\n{}", self.1.join("\n"));
+    }
+
+    /// Keeps reading on a thread, so the child never blocks on a full pipe.
+    fn drain(self) {
+        std::thread::spawn(move || self.0.for_each(drop));
+    }
 }

@@ -15,16 +15,23 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 
 use crate::config::HttpLimits;
 pub use service::BodyReadTimeout;
 
+/// Most 503 answers to connections over the limit in flight at once (each
+/// holds a descriptor for up to a second; beyond these, the answer is written
+/// once and the socket closed).
+const REFUSING: usize = 64;
+
 /// Serves `router` on `listener` until `stop` turns true and the drain is
 /// over: each connection accepted before it has answered its running
 /// requests and closed, and so has each one accepted since (health probes,
-/// refused inference).
+/// refused inference). `stop`'s sender is the shutdown task of
+/// `lib::Server::run`; each connection's task holds a clone.
 pub async fn serve(
     listener: TcpListener,
     router: axum::Router,
@@ -38,6 +45,9 @@ pub async fn serve(
     let connections = conn::Connections::new(limits.max_connections);
     let mut open = connections.count();
     let builder = Arc::new(builder(&limits));
+    // Permits for the tasks that answer connections over the limit; each
+    // such task holds one for at most a second.
+    let refusing = Arc::new(Semaphore::new(REFUSING));
     let mut draining = false;
     loop {
         let accepted = tokio::select! {
@@ -57,7 +67,7 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let Some(ticket) = connections.admit().await else {
-            refuse(stream, limits.max_connections);
+            refuse(stream, limits.max_connections, &refusing);
             continue;
         };
         let (router, builder, limits, stop) = (router.clone(), builder.clone(), limits.clone(), stop.clone());
@@ -95,8 +105,11 @@ fn builder(limits: &HttpLimits) -> auto::Builder<TokioExecutor> {
 }
 
 /// Answers a connection over the limit at once with 503 and closes it,
-/// without reading its request (nothing waits on a slow client).
-fn refuse(stream: TcpStream, max: usize) {
+/// without parsing its request (nothing waits on a slow client). While few
+/// such answers are in flight (`refusing` has a permit), each is followed by
+/// a FIN and a read of whatever the client sent, for at most a second, so
+/// closing does not reset the answer away before the client reads it.
+fn refuse(mut stream: TcpStream, max: usize, refusing: &Arc<Semaphore>) {
     tracing::warn!(
         max_connections = max,
         "HTTP connection refused: every connection has a request running"
@@ -110,8 +123,22 @@ fn refuse(stream: TcpStream, max: usize) {
          retry-after: 1\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
-    // A fresh socket's send buffer is empty: the answer fits without waiting.
-    let _ = stream.try_write(answer.as_bytes());
+    let Ok(permit) = refusing.clone().try_acquire_owned() else {
+        // A fresh socket's send buffer is empty: the answer fits without waiting.
+        let _ = stream.try_write(answer.as_bytes());
+        return;
+    };
+    tokio::spawn(async move {
+        let _permit = permit;
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            stream.write_all(answer.as_bytes()).await?;
+            stream.shutdown().await?;
+            let mut sink = [0u8; 4096];
+            while stream.read(&mut sink).await? > 0 {}
+            Ok::<_, std::io::Error>(())
+        })
+        .await;
+    });
 }
 
 /// A failed `accept`: a connection reset before it was accepted is nothing;
