@@ -5,7 +5,7 @@
 ORT_LIB := .ort/cpu/libonnxruntime.so.1.31.1
 MINILM := model-repository/minilm/model.onnx
 
-.PHONY: serve test setup test-clients models bench
+.PHONY: serve test setup test-clients models bench docker-test
 
 ## serve: serve model-repository/ on :8080 (release build)
 serve: setup
@@ -36,3 +36,7 @@ $(MINILM): scripts/fetch-minilm.sh
 models:
 	scripts/setup-python.sh
 	.venv/bin/python scripts/make_models.py
+
+## docker-test: build the container image and test it for real (slow; not part of `make test`)
+docker-test:
+	scripts/docker-test.sh
