@@ -168,10 +168,10 @@ async fn the_default_padding_bound_holds_and_answers_stay_exact() {
     let l = [("model", model)];
     let batches = m.sum("sluice_batch_padding_ratio_count", &l);
     assert_eq!(batches, m.sum("sluice_batch_size_count", &l));
-    // No batch over the default bound (0.25): every one is in the le="0.25" bucket.
+    // No batch over the default bound (0.05): every one is in the le="0.05" bucket.
     let within = m.sum(
         "sluice_batch_padding_ratio_bucket",
-        &[("model", model), ("le", "0.25")],
+        &[("model", model), ("le", "0.05")],
     );
     assert_eq!(within, batches, "a batch was padded past max_padding_ratio");
     Arc::into_inner(s).unwrap().stop().await.unwrap();

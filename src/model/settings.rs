@@ -173,7 +173,7 @@ impl Fraction {
 }
 
 /// Default `max_padding_ratio` (see `benches/README.md`, padding).
-pub const DEFAULT_MAX_PADDING_RATIO: f64 = 0.25;
+pub const DEFAULT_MAX_PADDING_RATIO: f64 = 0.05;
 
 /// Server-wide defaults for the fields a `model-settings.json` leaves out. `config.rs` fills
 /// them from `config/sluice.toml` and `SLUICE_MODEL_MAX_BATCH_SIZE` / `SLUICE_MODEL_MAX_BATCH_TIME`.
