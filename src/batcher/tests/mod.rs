@@ -567,3 +567,4 @@ async fn a_batch_that_fails_is_retried_request_by_request_so_one_bad_request_fai
 }
 
 mod lifecycle;
+mod padded;
