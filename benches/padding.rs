@@ -38,6 +38,8 @@ use tracing_subscriber::Layer;
 
 /// The lengths of each batch the padded model ran, from the batcher's
 /// `sluice::batch` trace event (`rows`, `lengths` of each entry).
+/// (model, lengths) of each batch: the capture layer pushes from whatever
+/// thread dispatches a batch (the batching tasks); `main`'s rounds take them.
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<(String, Vec<usize>)>>>);
 
@@ -509,16 +511,24 @@ fn main() -> Result<()> {
         &captured,
         (rounds_n, secs, concurrency),
     ))?;
-    let med = |i: usize, f: fn(&Point) -> f64| median(results.iter().map(|r| f(&r[i])).collect());
-    let last = configs.len() - 1;
-    let off = med(last, |p| p.served);
-    let (off_raw, off_cpu) = (med(last, |p| p.raw.map_or(0.0, |r| r.0)), med(last, |p| p.cpu_ms));
     println!("\n### Padding (MiniLM int8, lengths 8..128 skewed short, concurrency {concurrency})\n");
     println!(
         "{rounds_n} rounds of {secs} s per configuration, side by side; medians. Load average before: {}, after: {}\n",
         load_before.trim(),
         loadavg().trim()
     );
+    report(&configs, &results)?;
+    println!("\nGoals: padding on ≥ 1.3× padding off; ≥ 0.85× raw on the same batches.\n");
+    println!("### First request after load\n\n{first}");
+    Ok(())
+}
+
+/// The table: medians over rounds of each configuration (the last is padding off).
+fn report(configs: &[(String, String, bool)], results: &[Vec<Point>]) -> Result<()> {
+    let med = |i: usize, f: fn(&Point) -> f64| median(results.iter().map(|r| f(&r[i])).collect());
+    let last = configs.len() - 1;
+    let off = med(last, |p| p.served);
+    let (off_raw, off_cpu) = (med(last, |p| p.raw.map_or(0.0, |r| r.0)), med(last, |p| p.cpu_ms));
     println!(
         "| configuration | sequences/s | ÷ off | CPU ms / sequence | sequences per CPU-second ÷ off | mean batch (sequences) | padding ratio | \
          raw ONNX Runtime, same batches: sequences/s | raw ÷ raw off | served ÷ raw | raw CPU ms / sequence |"
@@ -550,7 +560,5 @@ fn main() -> Result<()> {
             served / raw
         );
     }
-    println!("\nGoals: padding on ≥ 1.3× padding off; ≥ 0.85× raw on the same batches.\n");
-    println!("### First request after load\n\n{first}");
     Ok(())
 }
