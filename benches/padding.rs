@@ -41,7 +41,10 @@ use tracing_subscriber::Layer;
 /// (model, lengths) of each batch: the capture layer pushes from whatever
 /// thread dispatches a batch (the batching tasks); `main`'s rounds take them.
 #[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<(String, Vec<usize>)>>>);
+struct Captured(Arc<Mutex<Vec<BatchOf>>>);
+
+/// A model's name and the length of each sequence of one of its batches.
+type BatchOf = (String, Vec<usize>);
 
 impl Captured {
     /// The batches of `model` captured so far (one length per sequence); empties the record.

@@ -138,7 +138,8 @@ impl Batcher {
     fn requeue(&self, entry: Entry) {
         let entry = match entry.regroup(self.inner.padding.as_deref()) {
             Ok(e) => e,
-            Err((e, why)) => {
+            Err(refused) => {
+                let (e, why) = *refused;
                 let _ = e.reply.send(Err(Error::invalid(why)));
                 return;
             }

@@ -84,7 +84,7 @@ impl Entry {
     /// The entry grouped for a batcher with `padding` (or none): as
     /// [`Entry::new`] groups it, then as `Padding::measure` does. On an error
     /// (its inputs disagree on a padded dim) the entry comes back with why.
-    pub fn regroup(mut self, padding: Option<&Padding>) -> Result<Entry, (Entry, String)> {
+    pub fn regroup(mut self, padding: Option<&Padding>) -> Result<Entry, Box<(Entry, String)>> {
         self.key = self
             .inputs
             .iter()
@@ -96,7 +96,7 @@ impl Entry {
         };
         match p.measure(&self.inputs) {
             Ok((key, lengths)) => Ok(self.padded(key, lengths)),
-            Err(why) => Err((self, why)),
+            Err(why) => Err(Box::new((self, why))),
         }
     }
 
