@@ -38,8 +38,13 @@ use tracing_subscriber::Layer;
 
 /// The lengths of each batch the padded model ran, from the batcher's
 /// `sluice::batch` trace event (`rows`, `lengths` of each entry).
+/// (model, lengths) of each batch: the capture layer pushes from whatever
+/// thread dispatches a batch (the batching tasks); `main`'s rounds take them.
 #[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<(String, Vec<usize>)>>>);
+struct Captured(Arc<Mutex<Vec<BatchOf>>>);
+
+/// A model's name and the length of each sequence of one of its batches.
+type BatchOf = (String, Vec<usize>);
 
 impl Captured {
     /// The batches of `model` captured so far (one length per sequence); empties the record.
@@ -70,7 +75,7 @@ impl tracing::field::Visit for BatchFields {
         match field.name() {
             "model" => self.model = v,
             "rows" => self.rows = v,
-            "lengths" => self.lengths = v,
+            "dims" => self.lengths = v,
             _ => {}
         }
     }
@@ -111,13 +116,14 @@ impl Lcg {
     }
 }
 
-/// A length from 8 to 128, skewed short: log-normal with median 24 tokens
-/// and σ = 0.6 (mean about 29), clipped to 8..128 (4 % at 8, 0.3 % at 128).
-fn length(rng: &mut Lcg) -> usize {
+/// A length from 8 to 128, skewed short: log-normal with median `median`
+/// tokens (`SLUICE_BENCH_MEDIAN_TOKENS`, default 24: mean about 29, 4 % at 8,
+/// 0.3 % at 128) and σ = 0.6, clipped to 8..128.
+fn length(rng: &mut Lcg, median: f64) -> usize {
     // Box-Muller: one standard normal from two uniforms.
     let (u, v) = (rng.next().max(1e-12), rng.next());
     let z = (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos();
-    ((24.0f64.ln() + 0.6 * z).exp().round() as usize).clamp(8, 128)
+    ((median.ln() + 0.6 * z).exp().round() as usize).clamp(8, 128)
 }
 
 /// One sequence of `len` tokens: [CLS] word pieces [SEP], full mask, segment 0.
@@ -368,27 +374,24 @@ async fn batch_sizes(base: &str, model: &str) -> Result<(f64, f64)> {
     Ok((value("sluice_batch_size_sum"), value("sluice_batch_size_count")))
 }
 
-/// The models to compare: the shipped `minilm` settings with padding, at each
-/// `max_padding_ratio` of `SLUICE_BENCH_PADDING_RATIOS` (default: the shipped
-/// one), then without padding. `(folder, settings, padded)`.
+/// The models to compare: the shipped `minilm` settings with padding, and
+/// with each variant of `SLUICE_BENCH_VARIANTS` (comma-separated
+/// `max_padding_ratio[:max_batch_tokens]`, e.g. `0.1:512,0.25`), then
+/// without padding. `(folder, settings, padded)`.
 fn configurations(root: &Path) -> Result<Vec<(String, String, bool)>> {
     let shipped: Value = serde_json::from_str(&std::fs::read_to_string(
         root.join("model-repository/minilm/model-settings.json"),
     )?)?;
-    let mut out = Vec::new();
-    let ratios = std::env::var("SLUICE_BENCH_PADDING_RATIOS").unwrap_or_default();
-    let ratios: Vec<&str> = ratios
-        .split(',')
-        .map(str::trim)
-        .filter(|r| !r.is_empty())
-        .collect();
-    if ratios.is_empty() {
-        out.push(("pad".to_string(), shipped.to_string(), true));
-    }
-    for r in ratios {
+    let mut out = vec![("pad".to_string(), shipped.to_string(), true)];
+    let variants = std::env::var("SLUICE_BENCH_VARIANTS").unwrap_or_default();
+    for variant in variants.split(',').map(str::trim).filter(|r| !r.is_empty()) {
         let mut v = shipped.clone();
-        v["max_padding_ratio"] = json!(r.parse::<f64>()?);
-        out.push((format!("pad_{r}"), v.to_string(), true));
+        let (ratio, tokens) = variant.split_once(':').unwrap_or((variant, ""));
+        v["max_padding_ratio"] = json!(ratio.parse::<f64>()?);
+        if !tokens.is_empty() {
+            v["max_batch_tokens"] = json!(tokens.parse::<usize>()?);
+        }
+        out.push((format!("pad_{}", variant.replace(':', "_")), v.to_string(), true));
     }
     let mut off = shipped;
     for k in ["padding", "max_batch_tokens", "max_padding_ratio"] {
@@ -415,7 +418,7 @@ async fn rounds(
     let bodies: Arc<Vec<_>> = Arc::new(
         (0..4096)
             .map(|_| {
-                let len = length(&mut rng);
+                let len = length(&mut rng, env_num("SLUICE_BENCH_MEDIAN_TOKENS", 24.0));
                 encode(&sequence(&mut rng, len))
             })
             .collect(),
@@ -428,7 +431,7 @@ async fn rounds(
     let mut all = Vec::new();
     for round in 0..rounds {
         let mut points = Vec::new();
-        for (m, _, padded) in configs {
+        for (m, _, _) in configs {
             captured.take(m);
             let before = batch_sizes(&base, m).await?;
             let (cpu0, t0) = (cpu_seconds(), Instant::now());
@@ -436,10 +439,7 @@ async fn rounds(
             let cpu_ms = (cpu_seconds() - cpu0) * 1e3 / (served * t0.elapsed().as_secs_f64());
             let after = batch_sizes(&base, m).await?;
             let batch = (after.0 - before.0) / (after.1 - before.1).max(1.0);
-            let raw = match padded {
-                true => Some(raw(session.as_mut(), &captured.take(m))?),
-                false => None,
-            };
+            let raw = Some(raw(session.as_mut(), &captured.take(m))?);
             eprintln!(
                 "round {round} {m}: {served:.1} seq/s, {cpu_ms:.1} CPU ms/seq, mean batch {batch:.1}, raw (seq/s, padding, CPU ms/seq) {raw:.3?}"
             );
@@ -514,41 +514,54 @@ fn main() -> Result<()> {
         &captured,
         (rounds_n, secs, concurrency),
     ))?;
-    let med = |i: usize, f: fn(&Point) -> f64| median(results.iter().map(|r| f(&r[i])).collect());
-    let off = med(configs.len() - 1, |p| p.served);
     println!("\n### Padding (MiniLM int8, lengths 8..128 skewed short, concurrency {concurrency})\n");
     println!(
         "{rounds_n} rounds of {secs} s per configuration, side by side; medians. Load average before: {}, after: {}\n",
         load_before.trim(),
         loadavg().trim()
     );
+    report(&configs, &results)?;
+    println!("\nGoals: padding on ≥ 1.3× padding off; ≥ 0.85× raw on the same batches.\n");
+    println!("### First request after load\n\n{first}");
+    Ok(())
+}
+
+/// The table: medians over rounds of each configuration (the last is padding off).
+fn report(configs: &[(String, String, bool)], results: &[Vec<Point>]) -> Result<()> {
+    let med = |i: usize, f: fn(&Point) -> f64| median(results.iter().map(|r| f(&r[i])).collect());
+    let last = configs.len() - 1;
+    let off = med(last, |p| p.served);
+    let (off_raw, off_cpu) = (med(last, |p| p.raw.map_or(0.0, |r| r.0)), med(last, |p| p.cpu_ms));
     println!(
-        "| configuration | sequences/s | ÷ padding off | CPU ms / sequence | mean batch (sequences) | padding ratio | \
-         raw ONNX Runtime, same batches: sequences/s | ÷ raw | raw CPU ms / sequence |"
+        "| configuration | sequences/s | ÷ off | CPU ms / sequence | sequences per CPU-second ÷ off | mean batch (sequences) | padding ratio | \
+         raw ONNX Runtime, same batches: sequences/s | raw ÷ raw off | served ÷ raw | raw CPU ms / sequence |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (i, (m, settings, padded)) in configs.iter().enumerate() {
         let served = med(i, |p| p.served);
         let cpu = med(i, |p| p.cpu_ms);
         let batch = med(i, |p| p.batch);
-        if !padded {
-            println!("| {m} | {served:.1} | 1 | {cpu:.1} | {batch:.1} | 0 | | | |");
-            continue;
-        }
         let raw_cpu = med(i, |p| p.raw.map_or(0.0, |r| r.2));
         let raw = med(i, |p| p.raw.map_or(0.0, |r| r.0));
         let ratio = med(i, |p| p.raw.map_or(0.0, |r| r.1));
-        let bound: Value = serde_json::from_str(settings)?;
-        let bound = bound["max_padding_ratio"]
-            .as_f64()
-            .unwrap_or(sluice::model::settings::DEFAULT_MAX_PADDING_RATIO);
+        let v: Value = serde_json::from_str(settings)?;
+        let name = match padded {
+            true => format!(
+                "{m} (max_padding_ratio {}, max_batch_tokens {})",
+                v["max_padding_ratio"]
+                    .as_f64()
+                    .unwrap_or(sluice::model::settings::DEFAULT_MAX_PADDING_RATIO),
+                v["max_batch_tokens"]
+            ),
+            false => format!("{m} (padding off)"),
+        };
         println!(
-            "| {m} (max_padding_ratio {bound}) | {served:.1} | {:.2}× | {cpu:.1} | {batch:.1} | {ratio:.3} | {raw:.1} | {:.2} | {raw_cpu:.1} |",
+            "| {name} | {served:.1} | {:.2}× | {cpu:.1} | {:.2}× | {batch:.1} | {ratio:.3} | {raw:.1} | {:.2}× | {:.2} | {raw_cpu:.1} |",
             served / off,
+            off_cpu / cpu,
+            raw / off_raw,
             served / raw
         );
     }
-    println!("\nGoals: padding on ≥ 1.3× padding off; ≥ 0.85× raw on the same batches.\n");
-    println!("### First request after load\n\n{first}");
     Ok(())
 }

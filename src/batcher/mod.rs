@@ -133,7 +133,17 @@ impl Batcher {
     }
 
     /// Queues an entry that another batcher accepted (see [`Batcher::handoff_to`]).
+    /// Its grouping is redone with this batcher's padding: the version that
+    /// accepted it may have padded differently (or not at all).
     fn requeue(&self, entry: Entry) {
+        let entry = match entry.regroup(self.inner.padding.as_deref()) {
+            Ok(e) => e,
+            Err(refused) => {
+                let (e, why) = *refused;
+                let _ = e.reply.send(Err(Error::invalid(why)));
+                return;
+            }
+        };
         if entry.releases_slot {
             let n = self.inner.queued.fetch_add(1, Ordering::AcqRel) + 1;
             metrics::queue_size(&self.inner.model, n);

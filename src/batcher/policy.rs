@@ -155,7 +155,10 @@ mod tests {
             max_queue_size: 100,
             timeout: Duration::from_secs(60),
             max_batch_tokens: None,
-            max_padding_ratio: crate::model::settings::Fraction::new(0.25).unwrap(),
+            max_padding_ratio: crate::model::settings::Fraction::new(
+                crate::model::settings::DEFAULT_MAX_PADDING_RATIO,
+            )
+            .unwrap(),
         }
     }
 

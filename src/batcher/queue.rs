@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use super::padding::Padding;
 use crate::error::Error;
 use crate::model::settings::BatchSettings;
 use crate::tensor::Tensor;
@@ -78,6 +79,25 @@ impl Entry {
         self.key = key;
         self.lengths = lengths;
         self
+    }
+
+    /// The entry grouped for a batcher with `padding` (or none): as
+    /// [`Entry::new`] groups it, then as `Padding::measure` does. On an error
+    /// (its inputs disagree on a padded dim) the entry comes back with why.
+    pub fn regroup(mut self, padding: Option<&Padding>) -> Result<Entry, Box<(Entry, String)>> {
+        self.key = self
+            .inputs
+            .iter()
+            .map(|t| t.shape.iter().skip(1).copied().collect())
+            .collect();
+        self.lengths = Vec::new();
+        let Some(p) = padding else {
+            return Ok(self);
+        };
+        match p.measure(&self.inputs) {
+            Ok((key, lengths)) => Ok(self.padded(key, lengths)),
+            Err(why) => Err(Box::new((self, why))),
+        }
     }
 
     /// Padded elements per row: the product of its lengths (1 without padding).

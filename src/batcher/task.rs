@@ -187,15 +187,16 @@ fn dispatch(
         let parts: Vec<&[Tensor]> = batch.iter().map(|e| &e.inputs[..]).collect();
         let max = longest(&batch);
         metrics::padding_ratio(&shared.model, p.ratio(&parts, &max));
-        // Each padded batch's composition, for benches/padding.rs to replay on raw ONNX Runtime.
-        tracing::trace!(
-            target: "sluice::batch",
-            model = %shared.model,
-            rows = ?batch.iter().map(|e| e.rows).collect::<Vec<_>>(),
-            lengths = ?batch.iter().map(|e| e.lengths.clone()).collect::<Vec<_>>(),
-            "padded batch"
-        );
     }
+    // Each batch's composition (rows and first input's trailing dims per
+    // entry), for benches/padding.rs to replay on raw ONNX Runtime.
+    tracing::trace!(
+        target: "sluice::batch",
+        model = %shared.model,
+        rows = ?batch.iter().map(|e| e.rows).collect::<Vec<_>>(),
+        dims = ?batch.iter().map(|e| e.inputs.first().map_or(&[][..], |t| &t.shape[1..])).collect::<Vec<_>>(),
+        "batch"
+    );
     for e in &batch {
         let waited = now.saturating_duration_since(e.arrival);
         metrics::queue_delay(&shared.model, waited);

@@ -173,7 +173,7 @@ impl Fraction {
 }
 
 /// Default `max_padding_ratio` (see `benches/README.md`, padding).
-pub const DEFAULT_MAX_PADDING_RATIO: f64 = 0.25;
+pub const DEFAULT_MAX_PADDING_RATIO: f64 = 0.05;
 
 /// Server-wide defaults for the fields a `model-settings.json` leaves out. `config.rs` fills
 /// them from `config/sluice.toml` and `SLUICE_MODEL_MAX_BATCH_SIZE` / `SLUICE_MODEL_MAX_BATCH_TIME`.
@@ -433,26 +433,7 @@ impl ModelSettings {
                 .map(|n| n as usize),
         };
         let warmup = get(top, "warmup").and_then(|v| w.boolean(v, "warmup"));
-        let padding = get(top, "padding").map(|v| w.padding(v)).unwrap_or_default();
-        let max_batch_tokens = get(top, "max_batch_tokens")
-            .and_then(|v| w.int(v, "max_batch_tokens", 1, 1 << 40))
-            .map(|n| n as usize);
-        let max_padding_ratio = get(top, "max_padding_ratio").and_then(|v| {
-            w.number(v, "max_padding_ratio", "a number between 0 and 1", |x| {
-                (0.0..=1.0).contains(&x)
-            })
-        });
-        for (field, given) in [
-            ("max_batch_tokens", max_batch_tokens.is_some()),
-            ("max_padding_ratio", max_padding_ratio.is_some()),
-        ] {
-            if given && padding.is_empty() {
-                w.problems.push(format!(
-                    "`{field}` bounds the padded tokens of a batch, but `padding` is not set; \
-                     set `padding` too, or remove `{field}`"
-                ));
-            }
-        }
+        let (padding, max_batch_tokens, max_padding_ratio) = w.padding_fields(top);
 
         let mut cuda = CudaOptions::default();
         if let Some(c) = get(top, "cuda").and_then(|v| w.object(v, "cuda.", CUDA)) {

@@ -250,4 +250,30 @@ mod tests {
         assert_eq!(s.take_batch(limits(32, None, 0.5)).len(), 2);
         assert_eq!(s.take_batch(limits(32, None, 0.5)).len(), 1);
     }
+
+    #[test]
+    fn an_entry_moved_to_another_version_is_grouped_by_its_padding() {
+        let (e, _rx) = entry(1, 5);
+        // To a version without padding: grouped by exact trailing dims again.
+        let plain = e.regroup(None).unwrap();
+        assert_eq!(
+            (plain.key.clone(), plain.lengths.clone()),
+            (vec![vec![5]], vec![])
+        );
+        // And back to one that pads `ids`.
+        let sig = crate::tensor::Signature {
+            inputs: vec![crate::tensor::TensorSpec {
+                name: "ids".into(),
+                dtype: crate::tensor::DataType::I64,
+                shape: vec![-1, -1],
+                dim_names: vec!["b".into(), "n".into()],
+            }],
+            outputs: vec![],
+        };
+        let p = crate::batcher::Padding::new(&sig, &serde_json::from_str(r#"{"ids": 0}"#).unwrap())
+            .unwrap()
+            .unwrap();
+        let padded = plain.regroup(Some(&p)).unwrap();
+        assert_eq!((padded.key, padded.lengths), (vec![vec![usize::MAX]], vec![5]));
+    }
 }

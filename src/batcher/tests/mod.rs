@@ -134,7 +134,10 @@ fn settings(policy: BatchPolicyKind, max_batch_size: usize, max_batch_time_ms: u
         max_queue_size: 1024,
         timeout: Duration::from_secs(60),
         max_batch_tokens: None,
-        max_padding_ratio: crate::model::settings::Fraction::new(0.25).unwrap(),
+        max_padding_ratio: crate::model::settings::Fraction::new(
+            crate::model::settings::DEFAULT_MAX_PADDING_RATIO,
+        )
+        .unwrap(),
     }
 }
 
@@ -564,3 +567,4 @@ async fn a_batch_that_fails_is_retried_request_by_request_so_one_bad_request_fai
 }
 
 mod lifecycle;
+mod padded;

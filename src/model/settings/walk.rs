@@ -271,6 +271,38 @@ impl Walker {
         given
     }
 
+    /// `padding`, `max_batch_tokens` and `max_padding_ratio` (the two bounds need `padding`).
+    pub(super) fn padding_fields(
+        &mut self,
+        top: &Map<String, Value>,
+    ) -> (
+        std::collections::BTreeMap<String, Value>,
+        Option<usize>,
+        Option<f64>,
+    ) {
+        let padding = get(top, "padding").map(|v| self.padding(v)).unwrap_or_default();
+        let max_batch_tokens = get(top, "max_batch_tokens")
+            .and_then(|v| self.int(v, "max_batch_tokens", 1, 1 << 40))
+            .map(|n| n as usize);
+        let max_padding_ratio = get(top, "max_padding_ratio").and_then(|v| {
+            self.number(v, "max_padding_ratio", "a number between 0 and 1", |x| {
+                (0.0..=1.0).contains(&x)
+            })
+        });
+        for (field, given) in [
+            ("max_batch_tokens", max_batch_tokens.is_some()),
+            ("max_padding_ratio", max_padding_ratio.is_some()),
+        ] {
+            if given && padding.is_empty() {
+                self.problems.push(format!(
+                    "`{field}` bounds the padded tokens of a batch, but `padding` is not set; \
+                     set `padding` too, or remove `{field}`"
+                ));
+            }
+        }
+        (padding, max_batch_tokens, max_padding_ratio)
+    }
+
     /// `padding`: a non-empty object of input name → pad value (a number, boolean or string;
     /// the datatype is checked against the ONNX file at load time).
     pub(super) fn padding(&mut self, v: &Value) -> std::collections::BTreeMap<String, Value> {
