@@ -40,3 +40,17 @@ models:
 ## docker-test: build the container image and test it for real (slow; not part of `make test`)
 docker-test:
 	scripts/docker-test.sh
+
+## fuzz: build the fuzz targets (cargo-fuzz on stable) and run each for FUZZ_SECONDS (default 60); fuzz/README.md
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := v2_json v2_binary v1 grpc model_settings
+.PHONY: fuzz
+fuzz:
+	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --version 0.13.2
+	RUSTC_BOOTSTRAP=1 cargo fuzz build -s none
+	status=0; for t in $(FUZZ_TARGETS); do \
+	  mkdir -p fuzz/target/corpus/$$t; \
+	  regressions=$$(test -d fuzz/regressions/$$t && echo fuzz/regressions/$$t); \
+	  RUSTC_BOOTSTRAP=1 cargo fuzz run -s none $$t fuzz/target/corpus/$$t fuzz/corpus/$$t $$regressions -- \
+	    -dict=fuzz/sluice.dict -max_total_time=$(FUZZ_SECONDS) -timeout=10 -print_final_stats=1 || status=1; \
+	done; exit $$status

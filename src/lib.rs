@@ -18,6 +18,8 @@ pub mod batcher;
 pub mod budget;
 pub mod config;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod grpc;
 pub mod http;
 pub mod metrics;

@@ -70,11 +70,12 @@ fn collect<'a>(v: &'a Value, shape: &[usize], out: &mut Vec<&'a Value>) -> bool 
 }
 
 /// Stacks one input's rows (one per instance) into a tensor of shape `[rows, ...row shape]`.
+/// Memory grows with the elements found, never with the dims claimed: `row_shape` is read
+/// along first elements only, so a body of a few KB can claim 10^12 elements per row.
 fn stack(spec: &TensorSpec, rows: &[&Value]) -> Result<Tensor, Error> {
     let row_shape = shape_of(rows[0]);
-    let row_len: usize = row_shape.iter().product();
-    let mut data = TensorData::with_capacity(spec.dtype, rows.len().saturating_mul(row_len));
-    let mut leaves = Vec::with_capacity(row_len);
+    let mut data = TensorData::with_capacity(spec.dtype, 0);
+    let mut leaves = Vec::new();
     for (i, row) in rows.iter().enumerate() {
         let what = format!("instance {i} of input `{}`", spec.name);
         let shape = shape_of(row);
@@ -288,6 +289,21 @@ mod tests {
         );
         let m = err(json!({"instances": [[1, 2]]}), &multi());
         assert!(m.starts_with("instance 0: the model has several inputs"), "{m}");
+    }
+
+    /// Each level is an array of 100 whose first element is the next level: 1.2 KB that
+    /// claims 100^6 elements per row. Sizing buffers by the claim aborted the server
+    /// ("memory allocation of 4000000000000 bytes failed"); fuzz/regressions/v1/ has it too.
+    #[test]
+    fn a_row_that_claims_more_elements_than_it_holds_is_ragged_not_allocated() {
+        let mut row = json!(vec![0; 100]);
+        for _ in 0..5 {
+            let mut level = vec![json!(0); 100];
+            level[0] = row;
+            row = Value::Array(level);
+        }
+        let m = err(json!({ "instances": [row] }), &single(DataType::F32, &[-1, -1]));
+        assert!(m.contains("is ragged"), "{m}");
     }
 
     #[test]
