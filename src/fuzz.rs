@@ -384,6 +384,7 @@ fn dtypes() -> Signature {
         name: format!("{prefix}_{}", suffix(d)),
         dtype: d,
         shape: vec![-1, 2],
+        dim_names: vec![],
     };
     Signature {
         inputs: types.clone().map(|d| spec("in", d)).collect(),
@@ -405,6 +406,7 @@ fn sig(inputs: &[Spec], outputs: &[Spec]) -> Signature {
                 name: name.to_string(),
                 dtype: *dtype,
                 shape: shape.clone(),
+                dim_names: vec![],
             })
             .collect()
     };
