@@ -374,7 +374,12 @@ async fn serve_on_port_0_logs_the_port_serves_and_exits_0_on_sigterm() {
         .unwrap();
     assert!(kill.success());
     log.wait_for(&["SIGTERM received"], limit);
-    let client = reqwest::Client::new();
+    // A new connection per request: the draining server closes idle ones,
+    // and a pooled connection closed under a request fails it.
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
     let drain_limit = Duration::from_secs(30);
     let ready = poll_status(&client, &url("/v2/health/ready"), 503, drain_limit).await;
     assert_eq!(ready, 503, "readiness while draining");
