@@ -8,42 +8,11 @@ mod common;
 
 use std::time::Duration;
 
+use common::grpc::{client, f32_raw, infer_request};
 use common::*;
 use serde_json::{json, Value};
-use sluice::protocol::grpc::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
-use sluice::protocol::grpc::inference::model_infer_request::InferInputTensor;
 use sluice::protocol::grpc::inference::*;
-use tonic::transport::Channel;
 use tonic::Code;
-
-async fn client(s: &TestServer) -> GrpcInferenceServiceClient<Channel> {
-    let channel = Channel::from_shared(format!("http://{}", s.grpc_addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    GrpcInferenceServiceClient::new(channel)
-}
-
-fn f32_raw(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-/// A ModelInfer request with one FP32 input as raw contents.
-fn infer_request(model: &str, input: &str, shape: &[i64], values: &[f32]) -> ModelInferRequest {
-    ModelInferRequest {
-        model_name: model.into(),
-        id: "r1".into(),
-        inputs: vec![InferInputTensor {
-            name: input.into(),
-            datatype: "FP32".into(),
-            shape: shape.to_vec(),
-            ..Default::default()
-        }],
-        raw_input_contents: vec![f32_raw(values).into()],
-        ..Default::default()
-    }
-}
 
 #[tokio::test]
 async fn every_rpc_answers() {
