@@ -12,38 +12,12 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
 use common::*;
 use serde_json::json;
 use sluice::config::{CliOverrides, Config};
-
-/// The Python of the clients' virtual environment.
-fn python() -> PathBuf {
-    let p = root().join(".venv-clients/bin/python");
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/setup-test-clients.sh (make test does)",
-        p.display()
-    );
-    p
-}
-
-/// Runs a command to completion off the async runtime (the server under test
-/// shares this runtime) and returns its output, printed for the test log.
-async fn run(mut cmd: Command) -> Output {
-    let shown = format!("{cmd:?}");
-    let out = tokio::task::spawn_blocking(move || cmd.output().expect("cannot start the validator"))
-        .await
-        .unwrap();
-    println!(
-        "$ {shown}\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 /// `validate_manifests.py --metrics-url URL` plus `extra` arguments.
 fn validator(metrics_url: &str, extra: &[&str]) -> Command {

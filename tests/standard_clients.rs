@@ -7,36 +7,9 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use common::*;
-
-/// The Python of the clients' virtual environment.
-fn python() -> PathBuf {
-    let p = root().join(".venv-clients/bin/python");
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/setup-test-clients.sh (make test does)",
-        p.display()
-    );
-    p
-}
-
-/// Runs a command to completion off the async runtime (the server under test
-/// shares this runtime) and returns its output, printed for the test log.
-async fn run(mut cmd: Command) -> Output {
-    let shown = format!("{cmd:?}");
-    let out = tokio::task::spawn_blocking(move || cmd.output().expect("cannot start the client"))
-        .await
-        .unwrap();
-    println!(
-        "$ {shown}\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tritonclient_http_and_grpc_every_datatype() {

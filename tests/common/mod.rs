@@ -276,3 +276,29 @@ pub fn error_message(body: &serde_json::Value) -> String {
     assert!(!msg.is_empty(), "empty error message");
     msg.to_string()
 }
+
+/// The Python of the clients' virtual environment (`scripts/setup-test-clients.sh`).
+pub fn python() -> PathBuf {
+    let p = root().join(".venv-clients/bin/python");
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/setup-test-clients.sh (make test does)",
+        p.display()
+    );
+    p
+}
+
+/// Runs a command to completion off the async runtime (the server under test
+/// shares this runtime) and returns its output, printed for the test log.
+pub async fn run(mut cmd: std::process::Command) -> std::process::Output {
+    let shown = format!("{cmd:?}");
+    let out = tokio::task::spawn_blocking(move || cmd.output().expect("cannot start the command"))
+        .await
+        .unwrap();
+    println!(
+        "$ {shown}\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
