@@ -1,10 +1,13 @@
 //! sluice: a multi-model ONNX inference server.
 //!
-//! Layers, top to bottom (each uses only those below it):
+//! Layers, top to bottom (each uses only those below it; `tests/layering.rs`
+//! checks every `crate::` path against this order):
 //! `main` → [`Server`] (wiring) → [`http`], [`grpc`] (translate only) → [`repository`]
-//! (scan, load, the registry) → [`model`] (a model's handle, settings,
-//! state) → [`batcher`] → [`pool`] (sessions on dedicated threads) →
-//! [`runtime`] (ONNX Runtime) → [`protocol`], [`tensor`], [`config`], [`error`].
+//! (scan, load, the registry) → [`model`] (a model's handle and state) →
+//! [`batcher`] (queues, batch formation, statistics) → [`pool`] (sessions on
+//! dedicated threads) → [`runtime`] (ONNX Runtime) → [`metrics`], [`budget`],
+//! [`access`], [`shutdown`] → [`config`] → [`settings`] (a model's
+//! `model-settings.json`), [`protocol`] → [`tensor`] → [`error`].
 //!
 //! Data flow of one request: an HTTP handler (or a gRPC method) decodes it into a
 //! [`protocol::InferRequest`], takes the model's `Arc<ModelHandle>` from the
@@ -28,6 +31,7 @@ pub mod pool;
 pub mod protocol;
 pub mod repository;
 pub mod runtime;
+pub mod settings;
 pub mod shutdown;
 pub mod tensor;
 
@@ -104,8 +108,8 @@ impl Server {
             ready: Arc::new(AtomicBool::new(false)),
             stopping: Arc::new(AtomicBool::new(false)),
             max_body_bytes: config.http.max_body_bytes,
-            access: config.access(),
-            budget: config.budget(),
+            access: access::Access::from_config(&config),
+            budget: budget::ByteBudget::from_config(&config),
         };
         Ok(Server {
             config,
@@ -164,7 +168,7 @@ impl Server {
             ready: state.ready.clone(),
             max_message_bytes: config.grpc.max_message_bytes,
             max_outstanding_per_stream: config.grpc.max_outstanding_per_stream,
-            access: config.access(),
+            access: access::Access::from_config(&config),
             budget: state.budget.clone(),
         };
         let mut graceful = stop_rx.clone();

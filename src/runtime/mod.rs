@@ -10,7 +10,7 @@ pub mod weights;
 use std::fmt;
 use std::path::Path;
 
-use crate::model::settings::ModelSettings;
+use crate::settings::ModelSettings;
 use crate::tensor::{Signature, Tensor};
 
 /// Where a model's sessions run.

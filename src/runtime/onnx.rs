@@ -13,7 +13,7 @@ use ort::session::SessionInputValue;
 use ort::value::{DynValue, Tensor as OrtTensor, TensorElementType, TensorRef, ValueType};
 
 use super::{Device, LoadedModel, Runtime, RuntimeError, Session};
-use crate::model::settings::{ArenaExtendStrategy, CudnnConvAlgoSearch, ExecutionProvider, ModelSettings};
+use crate::settings::{ArenaExtendStrategy, CudnnConvAlgoSearch, ExecutionProvider, ModelSettings};
 use crate::tensor::{DataType, Signature, Tensor, TensorData, TensorSpec};
 
 /// The ONNX Runtime release sluice is built against (`api-31`).
@@ -78,6 +78,17 @@ pub struct SessionDefaults {
     pub spinning: bool,
     /// Instances of one model share one copy of their prepacked weights.
     pub share_weights: bool,
+}
+
+impl SessionDefaults {
+    /// The defaults `[runtime]` and the pool's thread budget set.
+    pub fn from_config(cfg: &crate::config::Config) -> SessionDefaults {
+        SessionDefaults {
+            intra_op_threads: cfg.default_intra_op_threads(),
+            spinning: cfg.runtime.intra_op_spinning,
+            share_weights: cfg.runtime.share_weights,
+        }
+    }
 }
 
 /// The ONNX Runtime implementation of [`Runtime`].
