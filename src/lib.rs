@@ -59,6 +59,9 @@ pub struct Server {
     /// Rescan signals for the repository task; dropped (stopping the
     /// watcher) when the server stops.
     watcher: Option<repository::watcher::RepoWatcher>,
+    /// The session pool, whose running batches are cancelled when the grace
+    /// period is over.
+    pool: Arc<pool::Pool>,
 }
 
 impl Server {
@@ -88,7 +91,7 @@ impl Server {
             repo.model_name.clone(),
             config.model_defaults(),
             runtime,
-            pool,
+            pool.clone(),
         );
         // Watcher → repository task: "something changed, rescan".
         let (rescan_tx, rescan_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -118,6 +121,7 @@ impl Server {
             state,
             loaded,
             watcher,
+            pool,
         })
     }
 
@@ -148,6 +152,7 @@ impl Server {
             state,
             loaded,
             watcher,
+            pool,
         } = self;
         tracing::info!(
             http = %listener.local_addr()?,
@@ -201,10 +206,30 @@ impl Server {
                 Ok(())
             }
         };
+        cancel_runs(&pool).await;
         drop(upkeep);
         drop(watcher);
         tracing::info!("sluice stopped");
         result
+    }
+}
+
+/// Cancels the batches still running in ONNX Runtime (after the grace
+/// period, or a server error) and waits for their sessions to stop, so no
+/// run is inside the library as the process exits.
+async fn cancel_runs(pool: &pool::Pool) {
+    /// How long cancelled runs get to stop (ONNX Runtime checks the flag
+    /// between nodes, so only one long node can hold it up).
+    const STOP_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+    let running = pool.runs().cancel_all();
+    if running == 0 {
+        return;
+    }
+    tracing::warn!(running, "cancelling the batches still running");
+    if pool.runs().wait_idle(STOP_LIMIT).await {
+        tracing::info!(running, "the cancelled batches stopped");
+    } else {
+        tracing::error!(limit = ?STOP_LIMIT, "batches still running after being cancelled; exiting anyway");
     }
 }
 

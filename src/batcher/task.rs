@@ -338,6 +338,7 @@ async fn run(shared: &Shared, batch: &mut [Entry]) -> Result<Ran, Error> {
             name: model,
             reason: "unloading".into(),
         }),
+        Err(RunError::Cancelled) => Err(Error::ShuttingDown),
         Err(RunError::Runtime(RuntimeError::InvalidInput(m))) => Err(Error::InvalidInput(m)),
         Err(RunError::Runtime(e)) => {
             let message = crate::error::error_chain(&e);

@@ -4,15 +4,15 @@
 //! and converting tensors to and from `ort` values.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use ort::environment::Environment;
 use ort::ep::{self, ArbitrarilyConfigurableExecutionProvider as _, ExecutionProvider as _};
 use ort::session::builder::{GraphOptimizationLevel, PrepackedWeights, SessionBuilder};
-use ort::session::SessionInputValue;
+use ort::session::{RunOptions, SessionInputValue};
 use ort::value::{DynValue, Tensor as OrtTensor, TensorElementType, TensorRef, ValueType};
 
-use super::{Device, LoadedModel, Runtime, RuntimeError, Session};
+use super::{Cancel, Device, LoadedModel, Runtime, RuntimeError, Session};
 use crate::settings::{ArenaExtendStrategy, CudaOptions, CudnnConvAlgoSearch, ExecutionProvider, ModelSettings};
 use crate::tensor::{DataType, Signature, Tensor, TensorData, TensorSpec};
 
@@ -184,7 +184,8 @@ impl OnnxRuntime {
                 .map_err(|e| ort::Error::<()>::from(e).to_string())?;
         }
         let session = builder.commit_from_file(path).map_err(|e| e.to_string())?;
-        Ok(OnnxSession { session })
+        let run_options = Arc::new(RunOptions::new().map_err(|e| format!("cannot create run options: {e}"))?);
+        Ok(OnnxSession { session, run_options })
     }
 }
 
@@ -378,6 +379,21 @@ impl Sharing {
 /// One `ort` session, owned by one pool thread.
 struct OnnxSession {
     session: ort::session::Session,
+    /// Every run of this session uses these options; the pool's shutdown
+    /// path holds a clone (as a [`Cancel`]) and sets their terminate flag.
+    run_options: Arc<RunOptions>,
+}
+
+/// Sets the terminate flag of a session's run options: ONNX Runtime stops
+/// the run in progress between nodes and fails it, and fails later runs at once.
+struct TerminateRuns(Arc<RunOptions>);
+
+impl Cancel for TerminateRuns {
+    fn cancel(&self) {
+        if let Err(e) = self.0.terminate() {
+            tracing::warn!(error = %e, "cannot cancel a session's run");
+        }
+    }
 }
 
 /// `t` as an ONNX Runtime input: a view of its buffer (no copy) for every
@@ -480,7 +496,10 @@ impl Session for OnnxSession {
             .iter()
             .map(|t| Ok((t.name.as_str(), to_value(t)?)))
             .collect::<Result<Vec<_>, RuntimeError>>()?;
-        let result = self.session.run(values).map_err(RuntimeError::Run)?;
+        let result = self
+            .session
+            .run_with_options(values, &self.run_options)
+            .map_err(RuntimeError::Run)?;
         outputs
             .iter()
             .map(|name| {
@@ -490,6 +509,10 @@ impl Session for OnnxSession {
                 from_value(name, v)
             })
             .collect()
+    }
+
+    fn canceller(&self) -> Option<Arc<dyn Cancel>> {
+        Some(Arc::new(TerminateRuns(self.run_options.clone())))
     }
 }
 

@@ -6,6 +6,7 @@
 pub mod batching;
 pub mod grpc;
 pub mod minilm;
+pub mod process;
 pub mod prometheus;
 pub mod reload;
 
