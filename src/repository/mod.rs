@@ -69,8 +69,10 @@ impl RepositoryHandle {
         &self.registry
     }
 
-    /// Asks for a rescan (what the watcher does).
-    pub fn rescan(&self) {
+    /// Asks for a rescan (what the watcher does; the table tests drive
+    /// the repository task with it).
+    #[cfg(test)]
+    pub(crate) fn rescan(&self) {
         let _ = self.commands.send(Command::Rescan);
     }
 
