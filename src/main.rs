@@ -1,6 +1,10 @@
 //! The `sluice` binary: parses the command line, loads the configuration,
 //! sets up logging and ONNX Runtime, and hands over to `sluice::Server`.
 
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

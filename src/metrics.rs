@@ -3,10 +3,13 @@
 //! Labels: `model` (a model of the repository, so bounded), and small closed
 //! sets (`protocol`, `status`, `trigger`, `result`, `reason`).
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{OnceLock, RwLock};
 use std::time::Duration;
 
-use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter, Gauge, Histogram, Unit,
+};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 pub const BATCH_SIZE: &str = "sluice_batch_size";
@@ -163,9 +166,32 @@ pub fn padding_ratio(model: &str, ratio: f64) {
     histogram!(PADDING_RATIO, "model" => model.to_string()).record(ratio);
 }
 
-/// One request's wait from arrival to dispatch.
-pub fn queue_delay(model: &str, delay: Duration) {
-    histogram!(QUEUE_DELAY, "model" => model.to_string()).record(delay.as_secs_f64());
+/// One model's per-request series, registered once (by its batcher): a
+/// `gauge!` or `histogram!` with a label allocates the label and looks the
+/// series up by hash at every call, which cost more than the update itself.
+#[derive(Clone)]
+pub struct ModelMetrics {
+    queue_size: Gauge,
+    queue_delay: Histogram,
+}
+
+impl ModelMetrics {
+    pub fn new(model: &str) -> ModelMetrics {
+        ModelMetrics {
+            queue_size: gauge!(QUEUE_SIZE, "model" => model.to_string()),
+            queue_delay: histogram!(QUEUE_DELAY, "model" => model.to_string()),
+        }
+    }
+
+    /// Requests waiting for the model now.
+    pub fn queue_size(&self, n: usize) {
+        self.queue_size.set(n as f64);
+    }
+
+    /// One request's wait from arrival to dispatch.
+    pub fn queue_delay(&self, delay: Duration) {
+        self.queue_delay.record(delay.as_secs_f64());
+    }
 }
 
 /// A session run finished.
@@ -175,15 +201,53 @@ pub fn inference(model: &str, took: Duration) {
 
 /// A request was answered: `status` is `ok` or the error's kind.
 pub fn request(model: &str, protocol: &'static str, error: Option<&crate::error::Error>, took: Duration) {
-    let status = error.map_or("ok", |e| e.kind().as_str());
-    histogram!(REQUEST_DURATION, "model" => model.to_string(), "protocol" => protocol)
-        .record(took.as_secs_f64());
-    counter!(REQUESTS, "model" => model.to_string(), "protocol" => protocol, "status" => status).increment(1);
+    let series = request_series(model, protocol);
+    series.duration.record(took.as_secs_f64());
+    match error {
+        None => series.ok.increment(1),
+        Some(e) => counter!(REQUESTS, "model" => model.to_string(), "protocol" => protocol, "status" => e.kind().as_str())
+            .increment(1),
+    }
 }
 
-/// Requests waiting for `model` now.
-pub fn queue_size(model: &str, n: usize) {
-    gauge!(QUEUE_SIZE, "model" => model.to_string()).set(n as f64);
+/// The duration histogram and the `ok` counter of one model and protocol.
+#[derive(Clone)]
+struct RequestSeries {
+    duration: Histogram,
+    ok: Counter,
+}
+
+/// [`RequestSeries`] by model label, then protocol: registered at a model's
+/// first request on a protocol, then found without allocating. Written under
+/// the lock only then; read by every request's handler. Bounded like the
+/// `model` label (models of the repository and `_unknown`).
+static REQUEST_SERIES: OnceLock<RwLock<HashMap<String, Vec<(&'static str, RequestSeries)>>>> = OnceLock::new();
+
+fn request_series(model: &str, protocol: &'static str) -> RequestSeries {
+    let register = || RequestSeries {
+        duration: histogram!(REQUEST_DURATION, "model" => model.to_string(), "protocol" => protocol),
+        ok: counter!(REQUESTS, "model" => model.to_string(), "protocol" => protocol, "status" => "ok"),
+    };
+    // Before the recorder is installed, handles are no-ops: never keep one.
+    if HANDLE.get().is_none() {
+        return register();
+    }
+    let map = REQUEST_SERIES.get_or_init(Default::default);
+    let find = |m: &HashMap<String, Vec<(&'static str, RequestSeries)>>| {
+        m.get(model)
+            .and_then(|v| v.iter().find(|(p, _)| *p == protocol))
+            .map(|(_, s)| s.clone())
+    };
+    if let Some(s) = find(&map.read().expect("request series lock poisoned")) {
+        return s;
+    }
+    let mut m = map.write().expect("request series lock poisoned");
+    if let Some(s) = find(&m) {
+        return s;
+    }
+    let series = register();
+    m.entry(model.to_string()).or_default().push((protocol, series.clone()));
+    series
 }
 
 /// Whether `model` serves.

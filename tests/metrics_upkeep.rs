@@ -56,9 +56,9 @@ fn held() -> isize {
     HELD.load(Ordering::Relaxed)
 }
 
-fn record(samples: usize) {
+fn record(m: &sluice::metrics::ModelMetrics, samples: usize) {
     for _ in 0..samples {
-        sluice::metrics::queue_delay("upkeep-test", Duration::from_micros(250));
+        m.queue_delay(Duration::from_micros(250));
     }
 }
 
@@ -67,10 +67,11 @@ async fn histogram_samples_are_freed_without_a_scrape() {
     let repo = tempfile::tempdir().unwrap();
     let s = TestServer::start(repo.path()).await;
     // The histogram's entry exists before the baseline is taken.
-    record(1);
+    let m = sluice::metrics::ModelMetrics::new("upkeep-test");
+    record(&m, 1);
     let before = held();
     const SAMPLES: usize = 300_000;
-    record(SAMPLES);
+    record(&m, SAMPLES);
     let buffered = held() - before;
     // (f64, Instant) per sample: the measurement sees the buffer.
     assert!(
@@ -89,7 +90,7 @@ async fn histogram_samples_are_freed_without_a_scrape() {
             Instant::now() < deadline,
             "{still} of the {buffered} bytes of samples still held after 90 s without a scrape"
         );
-        record(64);
+        record(&m, 64);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     s.stop().await.unwrap();

@@ -65,6 +65,8 @@ struct Inner {
     stats: Arc<ModelStats>,
     /// How requests of different lengths share batches (`None`: they never do).
     padding: Option<Arc<Padding>>,
+    /// The model's per-request metric series (a clone is in the task's `Shared`).
+    metrics: metrics::ModelMetrics,
 }
 
 impl Batcher {
@@ -82,8 +84,10 @@ impl Batcher {
         let (settings_tx, settings_rx) = watch::channel(settings);
         let queued = Arc::new(AtomicUsize::new(0));
         let stats = Arc::new(ModelStats::new());
+        let model_metrics = metrics::ModelMetrics::new(model);
         let shared = Arc::new(task::Shared {
             model: model.into(),
+            metrics: model_metrics.clone(),
             workers,
             outputs,
             queued: queued.clone(),
@@ -91,7 +95,7 @@ impl Batcher {
             padding: padding.clone(),
         });
         tokio::spawn(task::batching_task(shared, rx, settings_rx));
-        metrics::queue_size(model, 0);
+        model_metrics.queue_size(0);
         Batcher {
             inner: Arc::new(Inner {
                 model: model.into(),
@@ -100,6 +104,7 @@ impl Batcher {
                 queued,
                 stats,
                 padding,
+                metrics: model_metrics,
             }),
         }
     }
@@ -147,7 +152,7 @@ impl Batcher {
         };
         if entry.releases_slot {
             let n = self.inner.queued.fetch_add(1, Ordering::AcqRel) + 1;
-            metrics::queue_size(&self.inner.model, n);
+            self.inner.metrics.queue_size(n);
         }
         if let Err(mpsc::error::SendError(Msg::Entry(e))) = self.inner.entries.send(Msg::Entry(entry)) {
             let _ = e.reply.send(Err(Error::ModelNotReady {
@@ -183,12 +188,12 @@ impl Batcher {
                 retry_after: Duration::from_secs(1),
             });
         }
-        metrics::queue_size(model, before + 1);
+        self.inner.metrics.queue_size(before + 1);
         // Holds the admission slot until the request's last chunk is queued
         // (that entry then owns it, and the batching task releases it).
         let mut slot = Slot {
             queued: &self.inner.queued,
-            model,
+            metrics: &self.inner.metrics,
             held: true,
         };
         let deadline = arrival + settings.timeout;
@@ -318,7 +323,7 @@ const CHUNKS_IN_FLIGHT: usize = 32;
 /// went away, the deadline passed, or the task is gone before that).
 struct Slot<'a> {
     queued: &'a AtomicUsize,
-    model: &'a str,
+    metrics: &'a metrics::ModelMetrics,
     held: bool,
 }
 
@@ -326,7 +331,7 @@ impl Drop for Slot<'_> {
     fn drop(&mut self) {
         if self.held {
             let left = self.queued.fetch_sub(1, Ordering::AcqRel) - 1;
-            metrics::queue_size(self.model, left);
+            self.metrics.queue_size(left);
         }
     }
 }

@@ -29,6 +29,8 @@ static NEXT_BATCH: AtomicU64 = AtomicU64::new(1);
 /// What the batching task shares with its batch tasks.
 pub(super) struct Shared {
     pub model: Arc<str>,
+    /// The model's per-request metric series.
+    pub metrics: metrics::ModelMetrics,
     pub workers: Arc<ModelWorkers>,
     /// Every output of the model, in signature order: a batch computes all of
     /// them and each request keeps the ones it asked for.
@@ -169,7 +171,7 @@ fn receive(shared: &Shared, state: &mut State, successor: &mut Option<Batcher>, 
 fn leave_queue(shared: &Shared, entry: &Entry) {
     if entry.releases_slot {
         let left = shared.queued.fetch_sub(1, Ordering::AcqRel) - 1;
-        metrics::queue_size(&shared.model, left);
+        shared.metrics.queue_size(left);
     }
 }
 
@@ -199,7 +201,7 @@ fn dispatch(
     );
     for e in &batch {
         let waited = now.saturating_duration_since(e.arrival);
-        metrics::queue_delay(&shared.model, waited);
+        shared.metrics.queue_delay(waited);
         shared.stats.dispatched(waited);
         leave_queue(shared, e);
     }
