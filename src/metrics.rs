@@ -221,7 +221,10 @@ struct RequestSeries {
 /// first request on a protocol, then found without allocating. Written under
 /// the lock only then; read by every request's handler. Bounded like the
 /// `model` label (models of the repository and `_unknown`).
-static REQUEST_SERIES: OnceLock<RwLock<HashMap<String, Vec<(&'static str, RequestSeries)>>>> = OnceLock::new();
+static REQUEST_SERIES: OnceLock<RwLock<SeriesByModel>> = OnceLock::new();
+
+/// Model label → (protocol, its series).
+type SeriesByModel = HashMap<String, Vec<(&'static str, RequestSeries)>>;
 
 fn request_series(model: &str, protocol: &'static str) -> RequestSeries {
     let register = || RequestSeries {
@@ -233,7 +236,7 @@ fn request_series(model: &str, protocol: &'static str) -> RequestSeries {
         return register();
     }
     let map = REQUEST_SERIES.get_or_init(Default::default);
-    let find = |m: &HashMap<String, Vec<(&'static str, RequestSeries)>>| {
+    let find = |m: &SeriesByModel| {
         m.get(model)
             .and_then(|v| v.iter().find(|(p, _)| *p == protocol))
             .map(|(_, s)| s.clone())
