@@ -4,7 +4,7 @@
 //! `main` → [`Server`] (wiring) → [`http`], [`grpc`] (translate only) → [`repository`]
 //! (scan, load, the registry) → [`model`] (a model's handle, settings,
 //! state) → [`batcher`] → [`pool`] (sessions on dedicated threads) →
-//! [`runtime`] (ONNX Runtime) → [`protocol`], [`tensor`], [`config`], [`error`].
+//! [`runtime`] (ONNX Runtime) → [`protocol`], [`tensor`], [`tls`], [`config`], [`error`].
 //!
 //! Data flow of one request: an HTTP handler (or a gRPC method) decodes it into a
 //! [`protocol::InferRequest`], takes the model's `Arc<ModelHandle>` from the
@@ -30,6 +30,7 @@ pub mod repository;
 pub mod runtime;
 pub mod shutdown;
 pub mod tensor;
+pub mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -55,6 +56,9 @@ pub struct Server {
     /// Rescan signals for the repository task; dropped (stopping the
     /// watcher) when the server stops.
     watcher: Option<repository::watcher::RepoWatcher>,
+    /// Both ports' TLS and its certificate reload task (`tls.cert_file`
+    /// set); dropped, stopping the reload, when the server stops.
+    tls: Option<tls::Tls>,
 }
 
 impl Server {
@@ -69,6 +73,14 @@ impl Server {
         let grpc_listener = TcpListener::bind(grpc_addr)
             .await
             .with_context(|| format!("cannot listen on {grpc_addr} (gRPC)"))?;
+        // Before the models load: a bad certificate stops the start at once.
+        let tls = match config.tls.files() {
+            Some(files) => Some(
+                tls::Tls::start(files, config.http_limits().header_read_timeout)
+                    .map_err(anyhow::Error::msg)?,
+            ),
+            None => None,
+        };
         http::serve::raise_open_file_limit();
         let pool = pool::Pool::new(pool::PoolLimits {
             cpu: config.cpu_concurrent_batches(),
@@ -114,6 +126,7 @@ impl Server {
             state,
             loaded,
             watcher,
+            tls,
         })
     }
 
@@ -144,10 +157,12 @@ impl Server {
             state,
             loaded,
             watcher,
+            tls,
         } = self;
         tracing::info!(
             http = %listener.local_addr()?,
             grpc = %grpc_listener.local_addr()?,
+            tls = tls.is_some(),
             repository = %config.model_repository.path.display(),
             "sluice listening"
         );
@@ -168,13 +183,19 @@ impl Server {
             budget: state.budget.clone(),
         };
         let mut graceful = stop_rx.clone();
-        let grpc_serve = grpc::serve(grpc_listener, grpc_state, async move {
-            let _ = graceful.wait_for(|stopping| *stopping).await;
-        });
+        let grpc_serve = grpc::serve(
+            grpc_listener,
+            grpc_state,
+            tls.as_ref().map(tls::Tls::grpc),
+            async move {
+                let _ = graceful.wait_for(|stopping| *stopping).await;
+            },
+        );
         let http_serve = http::serve::serve(
             listener,
             http::router(state),
             config.http_limits(),
+            tls.as_ref().map(tls::Tls::http),
             stop_rx.clone(),
         );
         let serve = async {
@@ -199,6 +220,7 @@ impl Server {
         };
         drop(upkeep);
         drop(watcher);
+        drop(tls);
         tracing::info!("sluice stopped");
         result
     }

@@ -22,6 +22,7 @@ pub const DROPPED: &str = "sluice_requests_dropped_total";
 pub const REPOSITORY_WATCHING: &str = "sluice_repository_watching";
 pub const MODEL_MEMORY: &str = "sluice_model_memory_bytes";
 pub const PADDING_RATIO: &str = "sluice_batch_padding_ratio";
+pub const TLS_RELOADS: &str = "sluice_tls_reloads_total";
 
 /// Label value for requests to a model the registry does not know (keeps
 /// the `model` label bounded).
@@ -141,6 +142,11 @@ fn describe() {
         "Padded elements ÷ all input elements of each executed batch (models with `padding`)."
     );
     describe_counter!(
+        TLS_RELOADS,
+        Unit::Count,
+        "Changes of the TLS certificate and key files, by result (`ok`: new handshakes get the new certificate; `error`: refused, the previous one keeps serving)."
+    );
+    describe_counter!(
         DROPPED,
         Unit::Count,
         "Requests removed from the queue without running, by reason."
@@ -209,4 +215,9 @@ pub fn dropped(model: &str, reason: &'static str) {
 /// Whether the model repository's watch works (false: lost, polling while it retries).
 pub fn repository_watching(watching: bool) {
     gauge!(REPOSITORY_WATCHING).set(if watching { 1.0 } else { 0.0 });
+}
+
+/// The TLS certificate files changed and were loaded (`ok`) or refused (`error`).
+pub fn tls_reload(ok: bool) {
+    counter!(TLS_RELOADS, "result" => if ok { "ok" } else { "error" }).increment(1);
 }
