@@ -31,7 +31,7 @@ enum State {
     /// Nothing read yet: the first byte tells a TLS client (a handshake
     /// record, 0x16) from a plain-text one.
     Sniffing(TcpStream, tokio_rustls::TlsAcceptor),
-    Handshaking(tokio_rustls::Accept<TcpStream>),
+    Handshaking(Box<tokio_rustls::Accept<TcpStream>>),
     Ready(Box<TlsStream<TcpStream>>),
     /// The handshake failed or timed out; the socket is closed.
     Closed,
@@ -76,7 +76,7 @@ impl TlsConn {
                 State::Ready(_) => break,
                 State::Closed => return Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
                 State::Sniffing(tcp, _) => sniff(tcp, cx),
-                State::Handshaking(accept) => Pin::new(accept).poll(cx).map(|r| r.map(Some)),
+                State::Handshaking(accept) => Pin::new(accept.as_mut()).poll(cx).map(|r| r.map(Some)),
             };
             match progress {
                 Poll::Ready(Ok(step)) => self.advance(step),
@@ -98,7 +98,7 @@ impl TlsConn {
     /// from the handshake to the stream.
     fn advance(&mut self, step: Option<TlsStream<TcpStream>>) {
         self.state = match (std::mem::replace(&mut self.state, State::Closed), step) {
-            (State::Sniffing(tcp, acceptor), _) => State::Handshaking(acceptor.accept(tcp)),
+            (State::Sniffing(tcp, acceptor), _) => State::Handshaking(Box::new(acceptor.accept(tcp))),
             (_, Some(stream)) => State::Ready(Box::new(stream)),
             (state, None) => state,
         };
