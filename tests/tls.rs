@@ -178,11 +178,10 @@ async fn get_on(conn: &mut ClientTls, path: &str) -> String {
 
 async fn start(
     repo: &Path,
-    secret: &SecretDir,
+    (cert, key): (PathBuf, PathBuf),
     ca: &Ca,
     tweak: impl FnOnce(&mut sluice::config::Config),
 ) -> TestServer {
-    let (cert, key) = (secret.cert(), secret.key());
     TestServer::start_with_client(
         repo,
         move |c| {
@@ -215,7 +214,7 @@ async fn https_and_grpc_over_tls_answer_and_plain_clients_are_refused() {
     let leaf = ca.leaf("sluice");
     let secret = SecretDir::new(&leaf.cert, &leaf.key);
     let repo = repo_with(&["digits"]);
-    let s = start(repo.path(), &secret, &ca, |_| {}).await;
+    let s = start(repo.path(), (secret.cert(), secret.key()), &ca, |_| {}).await;
 
     // V2 inference over HTTPS on the digits model, against the fixture.
     let exp = fixture("digits_expected.json");
@@ -302,7 +301,7 @@ async fn a_rotated_certificate_is_served_without_a_restart_and_a_broken_one_is_r
     let repo = repo_with(&[]);
     // Polled once an hour: the rotations below are seen through file events
     // on the folder (the `..data` swap).
-    let s = start(repo.path(), &secret, &ca, |c| {
+    let s = start(repo.path(), (secret.cert(), secret.key()), &ca, |c| {
         c.tls.poll_interval_seconds = 3600.0
     })
     .await;
@@ -361,7 +360,7 @@ async fn slow_handshakes_are_closed_on_both_ports() {
     let leaf = ca.leaf("sluice");
     let secret = SecretDir::new(&leaf.cert, &leaf.key);
     let repo = repo_with(&[]);
-    let s = start(repo.path(), &secret, &ca, |c| {
+    let s = start(repo.path(), (secret.cert(), secret.key()), &ca, |c| {
         c.http.header_read_timeout_seconds = 1.0
     })
     .await;
@@ -392,7 +391,7 @@ async fn handshakes_hold_connection_slots_and_are_evicted_for_a_fresh_client() {
     let secret = SecretDir::new(&leaf.cert, &leaf.key);
     let repo = repo_with(&[]);
     // Headers (and handshakes) may take an hour: only eviction frees a slot.
-    let s = start(repo.path(), &secret, &ca, |c| {
+    let s = start(repo.path(), (secret.cert(), secret.key()), &ca, |c| {
         c.http.header_read_timeout_seconds = 3600.0;
         c.http.max_connections = 2;
     })
@@ -485,4 +484,36 @@ fn a_missing_certificate_file_is_one_error_line_and_exit_code_2() {
         "{err}"
     );
     assert!(lines[0].contains("tls.key_file "), "{err}");
+}
+
+/// Writes `text` to `path` in one rename (a reader never sees half of it).
+fn replace(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+#[tokio::test]
+async fn a_change_the_folder_watch_cannot_see_is_found_by_the_poll() {
+    // The configured files are links into another folder, and the change
+    // happens there: no event reaches the watch on the links' folder, so
+    // only the poll (every 0.2 s here) can find it.
+    let ca = Ca::new();
+    let first = ca.leaf("first");
+    let (real, links) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    for (name, text) in [("tls.crt", &first.cert), ("tls.key", &first.key)] {
+        std::fs::write(real.path().join(name), text).unwrap();
+        std::os::unix::fs::symlink(real.path().join(name), links.path().join(name)).unwrap();
+    }
+    let repo = repo_with(&[]);
+    let files = (links.path().join("tls.crt"), links.path().join("tls.key"));
+    let s = start(repo.path(), files, &ca, |c| c.tls.poll_interval_seconds = 0.2).await;
+    assert_eq!(presented(s.addr, &ca, &[]).await.0, first.der);
+    let second = ca.leaf("second");
+    // Key first, then certificate: a poll between the two sees a pair that
+    // does not match, refuses it, and loads the next one.
+    replace(&real.path().join("tls.key"), &second.key);
+    replace(&real.path().join("tls.crt"), &second.cert);
+    wait_for_cert(s.addr, &ca, &second.der, "a certificate changed behind a link").await;
+    s.stop().await.unwrap();
 }
