@@ -29,6 +29,10 @@ use tokio::net::TcpStream;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
+/// Held by the tests that rotate certificates: `sluice_tls_reloads_total` is
+/// one counter for the whole test process, so each reads its own changes only.
+static ROTATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A test certificate authority.
 struct Ca {
     issuer: Issuer<'static, KeyPair>,
@@ -293,8 +297,28 @@ async fn https_and_grpc_over_tls_answer_and_plain_clients_are_refused() {
     s.stop().await.unwrap();
 }
 
+/// `sluice_tls_reloads_total{result}` now.
+async fn reloads(s: &TestServer, result: &str) -> f64 {
+    Metrics::scrape(s)
+        .await
+        .sum("sluice_tls_reloads_total", &[("result", result)])
+}
+
+/// Polls until `sluice_tls_reloads_total{result}` is above `above`; panics after [`LIMIT`].
+async fn wait_for_reloads(s: &TestServer, result: &str, above: f64) {
+    let since = Instant::now();
+    while reloads(s, result).await <= above {
+        assert!(
+            since.elapsed() < LIMIT,
+            "no reload with result {result} after {LIMIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_rotated_certificate_is_served_without_a_restart_and_a_broken_one_is_refused() {
+    let _rotating = ROTATING.lock().await;
     let ca = Ca::new();
     let first = ca.leaf("first");
     let mut secret = SecretDir::new(&first.cert, &first.key);
@@ -309,30 +333,22 @@ async fn a_rotated_certificate_is_served_without_a_restart_and_a_broken_one_is_r
     // A keep-alive connection opened before the rotation.
     let mut open = connect(s.addr, &ca, &[b"http/1.1"]).await.unwrap();
     assert!(get_on(&mut open, "/v2/health/live").await.contains(" 200 "));
-    let reloads = |m: &Metrics, result: &str| m.sum("sluice_tls_reloads_total", &[("result", result)]);
-    let before = Metrics::scrape(&s).await;
+    let (ok_before, errors_before) = (reloads(&s, "ok").await, reloads(&s, "error").await);
 
     let second = ca.leaf("second");
     secret.publish(&second.cert, &second.key);
     wait_for_cert(s.addr, &ca, &second.der, "the rotated certificate (HTTP port)").await;
     // One store serves both ports.
     assert_eq!(presented(s.grpc_addr, &ca, &[b"h2"]).await.0, second.der);
-    let after = Metrics::scrape(&s).await;
-    assert!(reloads(&after, "ok") > reloads(&before, "ok"));
+    wait_for_reloads(&s, "ok", ok_before).await;
+    // The `..data` swap is atomic: no half-changed pair was ever seen.
+    assert_eq!(reloads(&s, "error").await, errors_before);
     // The connection opened before the rotation still serves.
     assert!(get_on(&mut open, "/v2/health/live").await.contains(" 200 "));
 
     // A broken rotation: refused, counted, and the second certificate stays.
-    let errors_before = reloads(&after, "error");
     secret.publish("not a certificate", &second.key);
-    let since = Instant::now();
-    while reloads(&Metrics::scrape(&s).await, "error") <= errors_before {
-        assert!(
-            since.elapsed() < LIMIT,
-            "the broken certificate was not refused after {LIMIT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_reloads(&s, "error", errors_before).await;
     assert_eq!(presented(s.addr, &ca, &[]).await.0, second.der);
     let (st, _) = s.get("/v2/health/live").await;
     assert_eq!(st, 200);
@@ -495,25 +511,30 @@ fn replace(path: &Path, text: &str) {
 
 #[tokio::test]
 async fn a_change_the_folder_watch_cannot_see_is_found_by_the_poll() {
-    // The configured files are links into another folder, and the change
-    // happens there: no event reaches the watch on the links' folder, so
-    // only the poll (every 0.2 s here) can find it.
+    // The configured file is a link into another folder, and the change
+    // happens there: no event reaches the watch on the link's folder, so
+    // only the poll (every 0.2 s here) can find it. One PEM file holds both
+    // the certificate and the key (both keys name it), so that it changes
+    // in one rename.
+    let _rotating = ROTATING.lock().await;
     let ca = Ca::new();
     let first = ca.leaf("first");
     let (real, links) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    for (name, text) in [("tls.crt", &first.cert), ("tls.key", &first.key)] {
-        std::fs::write(real.path().join(name), text).unwrap();
-        std::os::unix::fs::symlink(real.path().join(name), links.path().join(name)).unwrap();
-    }
+    let pem = real.path().join("tls.pem");
+    std::fs::write(&pem, format!("{}{}", first.cert, first.key)).unwrap();
+    let link = links.path().join("tls.pem");
+    std::os::unix::fs::symlink(&pem, &link).unwrap();
     let repo = repo_with(&[]);
-    let files = (links.path().join("tls.crt"), links.path().join("tls.key"));
-    let s = start(repo.path(), files, &ca, |c| c.tls.poll_interval_seconds = 0.2).await;
+    let s = start(repo.path(), (link.clone(), link), &ca, |c| {
+        c.tls.poll_interval_seconds = 0.2
+    })
+    .await;
     assert_eq!(presented(s.addr, &ca, &[]).await.0, first.der);
+    let (ok_before, errors_before) = (reloads(&s, "ok").await, reloads(&s, "error").await);
     let second = ca.leaf("second");
-    // Key first, then certificate: a poll between the two sees a pair that
-    // does not match, refuses it, and loads the next one.
-    replace(&real.path().join("tls.key"), &second.key);
-    replace(&real.path().join("tls.crt"), &second.cert);
+    replace(&pem, &format!("{}{}", second.cert, second.key));
     wait_for_cert(s.addr, &ca, &second.der, "a certificate changed behind a link").await;
+    wait_for_reloads(&s, "ok", ok_before).await;
+    assert_eq!(reloads(&s, "error").await, errors_before);
     s.stop().await.unwrap();
 }
