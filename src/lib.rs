@@ -1,10 +1,14 @@
 //! sluice: a multi-model ONNX inference server.
 //!
-//! Layers, top to bottom (each uses only those below it):
+//! Layers, top to bottom (each uses only those below it; `tests/layering.rs`
+//! checks every `crate::` path against this order):
 //! `main` → [`Server`] (wiring) → [`http`], [`grpc`] (translate only) → [`repository`]
-//! (scan, load, the registry) → [`model`] (a model's handle, settings,
-//! state) → [`batcher`] → [`pool`] (sessions on dedicated threads) →
-//! [`runtime`] (ONNX Runtime) → [`protocol`], [`tensor`], [`tls`], [`config`], [`error`].
+//! (scan, load, the registry) → [`model`] (a model's handle and state) →
+//! [`batcher`] (queues, batch formation, statistics) → [`pool`] (sessions on
+//! dedicated threads) → [`runtime`] (ONNX Runtime) → [`metrics`], [`budget`],
+//! [`access`], [`shutdown`], [`tls`] (both ports' certificate) → [`config`] →
+//! [`settings`] (a model's `model-settings.json`), [`protocol`] → [`tensor`] →
+//! [`error`].
 //!
 //! Data flow of one request: an HTTP handler (or a gRPC method) decodes it into a
 //! [`protocol::InferRequest`], takes the model's `Arc<ModelHandle>` from the
@@ -28,6 +32,7 @@ pub mod pool;
 pub mod protocol;
 pub mod repository;
 pub mod runtime;
+pub mod settings;
 pub mod shutdown;
 pub mod tensor;
 pub mod tls;
@@ -56,6 +61,9 @@ pub struct Server {
     /// Rescan signals for the repository task; dropped (stopping the
     /// watcher) when the server stops.
     watcher: Option<repository::watcher::RepoWatcher>,
+    /// The session pool, whose running batches are cancelled when the grace
+    /// period is over.
+    pool: Arc<pool::Pool>,
     /// Both ports' TLS and its certificate reload task (`tls.cert_file`
     /// set); dropped, stopping the reload, when the server stops.
     tls: Option<tls::Tls>,
@@ -96,7 +104,7 @@ impl Server {
             repo.model_name.clone(),
             config.model_defaults(),
             runtime,
-            pool,
+            pool.clone(),
         );
         // Watcher → repository task: "something changed, rescan".
         let (rescan_tx, rescan_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -116,8 +124,8 @@ impl Server {
             ready: Arc::new(AtomicBool::new(false)),
             stopping: Arc::new(AtomicBool::new(false)),
             max_body_bytes: config.http.max_body_bytes,
-            access: config.access(),
-            budget: config.budget(),
+            access: access::Access::from_config(&config),
+            budget: budget::ByteBudget::from_config(&config),
         };
         Ok(Server {
             config,
@@ -126,6 +134,7 @@ impl Server {
             state,
             loaded,
             watcher,
+            pool,
             tls,
         })
     }
@@ -157,6 +166,7 @@ impl Server {
             state,
             loaded,
             watcher,
+            pool,
             tls,
         } = self;
         tracing::info!(
@@ -179,7 +189,7 @@ impl Server {
             ready: state.ready.clone(),
             max_message_bytes: config.grpc.max_message_bytes,
             max_outstanding_per_stream: config.grpc.max_outstanding_per_stream,
-            access: config.access(),
+            access: access::Access::from_config(&config),
             budget: state.budget.clone(),
         };
         let mut graceful = stop_rx.clone();
@@ -218,11 +228,31 @@ impl Server {
                 Ok(())
             }
         };
+        cancel_runs(&pool).await;
         drop(upkeep);
         drop(watcher);
         drop(tls);
         tracing::info!("sluice stopped");
         result
+    }
+}
+
+/// Cancels the batches still running in ONNX Runtime (after the grace
+/// period, or a server error) and waits for their sessions to stop, so no
+/// run is inside the library as the process exits.
+async fn cancel_runs(pool: &pool::Pool) {
+    /// How long cancelled runs get to stop (ONNX Runtime checks the flag
+    /// between nodes, so only one long node can hold it up).
+    const STOP_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+    let running = pool.runs().cancel_all();
+    if running == 0 {
+        return;
+    }
+    tracing::warn!(running, "cancelling the batches still running");
+    if pool.runs().wait_idle(STOP_LIMIT).await {
+        tracing::info!(running, "the cancelled batches stopped");
+    } else {
+        tracing::error!(limit = ?STOP_LIMIT, "batches still running after being cancelled; exiting anyway");
     }
 }
 
