@@ -61,14 +61,6 @@ impl TlsConn {
         self.peer
     }
 
-    /// The negotiated TLS session, once the handshake is over.
-    pub fn session(&self) -> Option<&rustls::ServerConnection> {
-        match &self.state {
-            State::Ready(s) => Some(s.get_ref().1),
-            _ => None,
-        }
-    }
-
     /// Drives the handshake; ready with the TLS stream once it is over.
     fn poll_handshake(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<&mut TlsStream<TcpStream>>> {
         loop {
