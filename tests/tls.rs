@@ -270,6 +270,22 @@ async fn https_and_grpc_over_tls_answer_and_plain_clients_are_refused() {
     let (der, alpn) = presented(s.grpc_addr, &ca, &[b"h2", b"http/1.1"]).await;
     assert_eq!((der, alpn.as_deref()), (leaf.der.clone(), Some(&b"h2"[..])));
 
+    // HTTP/2 over TLS on the HTTP port (told from HTTP/1 after decryption).
+    let h2 = connect(s.addr, &ca, &[b"h2"]).await.unwrap();
+    let io = hyper_util::rt::TokioIo::new(h2);
+    let (mut send, conn) = hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::get(format!("https://localhost:{}/v2/health/live", s.addr.port()))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(
+        (resp.status().as_u16(), resp.version()),
+        (200, hyper::Version::HTTP_2)
+    );
+
     // Plain HTTP to the TLS port: a 400 that says to use https://.
     let plain = reqwest::Client::new()
         .get(format!("http://{}/v2/health/live", s.addr))
