@@ -282,6 +282,7 @@ fn spawn_lifecycle(
     tokio::spawn({
         let ready = state.ready.clone();
         let stopping = state.stopping.clone();
+        let registry = state.registry.clone();
         async move {
             shutdown.await;
             // Readiness turns false before anything else, so load
@@ -289,6 +290,12 @@ fn spawn_lifecycle(
             ready.store(false, Ordering::Release);
             stopping.store(true, Ordering::Release);
             let _ = stop_tx.send(true);
+            // No new request will join a batch that waits to fill (a
+            // `fixed` policy's `max_batch_time`): every batcher runs what
+            // it holds as soon as a session is free.
+            for handle in registry.list().into_iter().filter_map(|m| m.handle) {
+                handle.batcher().retire();
+            }
         }
     });
     stop_rx

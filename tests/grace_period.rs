@@ -90,3 +90,68 @@ async fn batches_running_when_the_grace_period_ends_are_cancelled_and_the_exit_i
         s.await.unwrap();
     }
 }
+
+#[tokio::test]
+async fn a_batch_waiting_to_fill_runs_at_once_when_shutdown_begins() {
+    // A `fixed` batch of 8 that waits up to 50 s to fill: one request would
+    // wait all that time (past the default grace period of 30 s) before.
+    let repo = repo_with(&["digits"]);
+    std::fs::write(
+        repo.path().join("digits/model-settings.json"),
+        r#"{"max_batch_size": 8, "max_batch_time": 50, "batch_policy": "fixed"}"#,
+    )
+    .unwrap();
+    let args = ["--model-repository".as_ref(), repo.path().as_os_str()];
+    let (mut child, mut log, port) = spawn_serve(sluice(), &args);
+    let client = reqwest::Client::new();
+    wait_ready(&client, port).await;
+    let exp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("tests/fixtures/digits_expected.json")).unwrap())
+            .unwrap();
+    let body = json!({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [exp["inputs"][5]]}]});
+    let url = format!("http://127.0.0.1:{port}/v2/models/digits/infer");
+    let request = tokio::spawn({
+        let client = client.clone();
+        async move { client.post(&url).json(&body).send().await.unwrap() }
+    });
+    // Observable: the request waits in the queue for its batch to fill.
+    let t0 = Instant::now();
+    loop {
+        let text = client
+            .get(format!("http://127.0.0.1:{port}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let queued: f64 = parse(&text)
+            .iter()
+            .filter(|s| s.name == "sluice_queue_size" && s.labels.get("model").map(String::as_str) == Some("digits"))
+            .map(|s| s.value)
+            .sum();
+        if queued >= 1.0 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "the request never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(client);
+    let killed = Instant::now();
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let answer = request.await.unwrap();
+    // Far below the 50 s the batch would have waited.
+    assert!(killed.elapsed() < Duration::from_secs(20), "answered after {:?}", killed.elapsed());
+    assert_eq!(answer.status(), 200);
+    let r: serde_json::Value = answer.json().await.unwrap();
+    let label = r["outputs"].as_array().unwrap().iter().find(|o| o["name"] == "label").unwrap();
+    assert_eq!(label["data"], json!([exp["labels"][5]]), "{r}");
+    let status = wait_for(&mut child, Duration::from_secs(30));
+    let lines = log.rest(Duration::from_secs(10)).join("\n");
+    assert_eq!(status.code(), Some(0), "{lines}");
+    assert!(!lines.contains("after the grace period"), "{lines}");
+}
