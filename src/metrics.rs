@@ -23,6 +23,7 @@ pub const REPOSITORY_WATCHING: &str = "sluice_repository_watching";
 pub const MODEL_MEMORY: &str = "sluice_model_memory_bytes";
 pub const PADDING_RATIO: &str = "sluice_batch_padding_ratio";
 pub const TLS_RELOADS: &str = "sluice_tls_reloads_total";
+pub const TLS_EXPIRATION: &str = "sluice_tls_certificate_expiration_timestamp_seconds";
 
 /// Label value for requests to a model the registry does not know (keeps
 /// the `model` label bounded).
@@ -146,6 +147,11 @@ fn describe() {
         Unit::Count,
         "Changes of the TLS certificate and key files, by result (`ok`: new handshakes get the new certificate; `error`: refused, the previous one keeps serving)."
     );
+    describe_gauge!(
+        TLS_EXPIRATION,
+        Unit::Seconds,
+        "When the certificate that new TLS handshakes get expires (its notAfter, Unix seconds); absent without TLS."
+    );
     describe_counter!(
         DROPPED,
         Unit::Count,
@@ -222,4 +228,9 @@ pub fn repository_watching(watching: bool) {
 /// The TLS certificate files changed and were loaded (`ok`) or refused (`error`).
 pub fn tls_reload(ok: bool) {
     counter!(TLS_RELOADS, "result" => if ok { "ok" } else { "error" }).increment(1);
+}
+
+/// New TLS handshakes get a certificate that expires at `unix_seconds`.
+pub fn tls_certificate_expiration(unix_seconds: i64) {
+    gauge!(TLS_EXPIRATION).set(unix_seconds as f64);
 }

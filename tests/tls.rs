@@ -29,9 +29,10 @@ use tokio::net::TcpStream;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// Held by the tests that rotate certificates: `sluice_tls_reloads_total` is
-/// one counter for the whole test process, so each reads its own changes only.
-static ROTATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Held by every test that starts a server: the TLS metrics
+/// (`sluice_tls_reloads_total`, the expiration gauge) are one set for the
+/// whole test process, so each test reads its own server's changes only.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A test certificate authority.
 struct Ca {
@@ -62,9 +63,15 @@ impl Ca {
     }
 
     fn leaf(&self, cn: &str) -> Leaf {
+        self.leaf_until(cn, 2031)
+    }
+
+    /// A leaf certificate that expires on January 1 of `year`.
+    fn leaf_until(&self, cn: &str, year: i32) -> Leaf {
         let mut params =
             CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
         params.distinguished_name.push(DnType::CommonName, cn);
+        params.not_after = rcgen::date_time_ymd(year, 1, 1);
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.issuer).unwrap();
         Leaf {
@@ -214,6 +221,7 @@ async fn grpc_client(s: &TestServer, ca: &Ca) -> GrpcInferenceServiceClient<toni
 
 #[tokio::test]
 async fn https_and_grpc_over_tls_answer_and_plain_clients_are_refused() {
+    let _serial = SERIAL.lock().await;
     let ca = Ca::new();
     let leaf = ca.leaf("sluice");
     let secret = SecretDir::new(&leaf.cert, &leaf.key);
@@ -320,6 +328,13 @@ async fn reloads(s: &TestServer, result: &str) -> f64 {
         .sum("sluice_tls_reloads_total", &[("result", result)])
 }
 
+/// `sluice_tls_certificate_expiration_timestamp_seconds` now.
+async fn expiration(s: &TestServer) -> f64 {
+    Metrics::scrape(s)
+        .await
+        .sum("sluice_tls_certificate_expiration_timestamp_seconds", &[])
+}
+
 /// Polls until `sluice_tls_reloads_total{result}` is above `above`; panics after [`LIMIT`].
 async fn wait_for_reloads(s: &TestServer, result: &str, above: f64) {
     let since = Instant::now();
@@ -334,9 +349,9 @@ async fn wait_for_reloads(s: &TestServer, result: &str, above: f64) {
 
 #[tokio::test]
 async fn a_rotated_certificate_is_served_without_a_restart_and_a_broken_one_is_refused() {
-    let _rotating = ROTATING.lock().await;
+    let _serial = SERIAL.lock().await;
     let ca = Ca::new();
-    let first = ca.leaf("first");
+    let first = ca.leaf_until("first", 2031);
     let mut secret = SecretDir::new(&first.cert, &first.key);
     let repo = repo_with(&[]);
     // Polled once an hour: the rotations below are seen through file events
@@ -346,14 +361,17 @@ async fn a_rotated_certificate_is_served_without_a_restart_and_a_broken_one_is_r
     })
     .await;
     assert_eq!(presented(s.addr, &ca, &[]).await.0, first.der);
+    assert_eq!(expiration(&s).await, 1_924_992_000.0, "2031-01-01");
     // A keep-alive connection opened before the rotation.
     let mut open = connect(s.addr, &ca, &[b"http/1.1"]).await.unwrap();
     assert!(get_on(&mut open, "/v2/health/live").await.contains(" 200 "));
     let (ok_before, errors_before) = (reloads(&s, "ok").await, reloads(&s, "error").await);
 
-    let second = ca.leaf("second");
+    let second = ca.leaf_until("second", 2032);
     secret.publish(&second.cert, &second.key);
     wait_for_cert(s.addr, &ca, &second.der, "the rotated certificate (HTTP port)").await;
+    // The gauge is set before the swap.
+    assert_eq!(expiration(&s).await, 1_956_528_000.0, "2032-01-01");
     // One store serves both ports.
     assert_eq!(presented(s.grpc_addr, &ca, &[b"h2"]).await.0, second.der);
     wait_for_reloads(&s, "ok", ok_before).await;
@@ -366,6 +384,7 @@ async fn a_rotated_certificate_is_served_without_a_restart_and_a_broken_one_is_r
     secret.publish("not a certificate", &second.key);
     wait_for_reloads(&s, "error", errors_before).await;
     assert_eq!(presented(s.addr, &ca, &[]).await.0, second.der);
+    assert_eq!(expiration(&s).await, 1_956_528_000.0, "still 2032-01-01");
     let (st, _) = s.get("/v2/health/live").await;
     assert_eq!(st, 200);
 
@@ -388,6 +407,7 @@ const PARTIAL_HELLO: &[u8] = &[0x16, 0x03, 0x01, 0x02];
 
 #[tokio::test]
 async fn slow_handshakes_are_closed_on_both_ports() {
+    let _serial = SERIAL.lock().await;
     let ca = Ca::new();
     let leaf = ca.leaf("sluice");
     let secret = SecretDir::new(&leaf.cert, &leaf.key);
@@ -418,6 +438,7 @@ async fn slow_handshakes_are_closed_on_both_ports() {
 
 #[tokio::test]
 async fn handshakes_hold_connection_slots_and_are_evicted_for_a_fresh_client() {
+    let _serial = SERIAL.lock().await;
     let ca = Ca::new();
     let leaf = ca.leaf("sluice");
     let secret = SecretDir::new(&leaf.cert, &leaf.key);
@@ -532,7 +553,7 @@ async fn a_change_the_folder_watch_cannot_see_is_found_by_the_poll() {
     // only the poll (every 0.2 s here) can find it. One PEM file holds both
     // the certificate and the key (both keys name it), so that it changes
     // in one rename.
-    let _rotating = ROTATING.lock().await;
+    let _serial = SERIAL.lock().await;
     let ca = Ca::new();
     let first = ca.leaf("first");
     let (real, links) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

@@ -10,6 +10,7 @@
 //!
 //! Below `http` and `grpc`; uses only `config` and `metrics`.
 
+mod expiry;
 mod reload;
 mod stream;
 
@@ -44,6 +45,7 @@ impl Tls {
     pub fn start(files: TlsFiles, handshake_timeout: Duration) -> Result<Tls, String> {
         let pem = Pem::read(&files)?;
         let key = certified_key(&pem, &files)?;
+        let expires_in_days = published_expiry(&key);
         let store = Arc::new(CertStore {
             current: RwLock::new(Arc::new(key)),
         });
@@ -57,6 +59,7 @@ impl Tls {
         tracing::info!(
             cert_file = %files.cert.display(),
             key_file = %files.key.display(),
+            expires_in_days,
             "TLS on for the HTTP and gRPC ports"
         );
         let reloader = reload::spawn(store, files, pem);
@@ -131,6 +134,24 @@ impl Pem {
             key: read("key_file", &files.key)?,
         })
     }
+}
+
+/// Sets the expiration gauge to the certificate of `key` (which new
+/// handshakes are about to get); returns the days until it expires (`None`
+/// when its date cannot be read), warning when it has expired already.
+fn published_expiry(key: &CertifiedKey) -> Option<i64> {
+    let not_after = expiry::not_after(key.cert.first()?)?;
+    crate::metrics::tls_certificate_expiration(not_after);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    if not_after <= now {
+        tracing::warn!(
+            not_after,
+            "the TLS certificate has expired: clients will refuse it"
+        );
+    }
+    Some((not_after - now).div_euclid(86400))
 }
 
 /// The process's TLS primitives: `ring`, whatever other provider a

@@ -15,7 +15,7 @@ use notify::{RecursiveMode, Watcher};
 use rustls::sign::CertifiedKey;
 use tokio::sync::mpsc;
 
-use super::{certified_key, CertStore, Pem};
+use super::{certified_key, published_expiry, CertStore, Pem};
 use crate::config::TlsFiles;
 
 /// Quiet that ends a burst of file events (a writer replacing both files).
@@ -100,9 +100,14 @@ async fn reload_task(
         match seen.check(read, &files) {
             Outcome::Unchanged => {}
             Outcome::Loaded(key) => {
+                let expires_in_days = published_expiry(&key);
                 store.replace(key);
                 crate::metrics::tls_reload(true);
-                tracing::info!(cert_file = %files.cert.display(), "TLS certificate reloaded; new handshakes get it");
+                tracing::info!(
+                    cert_file = %files.cert.display(),
+                    expires_in_days,
+                    "TLS certificate reloaded; new handshakes get it"
+                );
             }
             Outcome::Refused(error) => {
                 crate::metrics::tls_reload(false);
