@@ -468,6 +468,48 @@ async fn handshakes_hold_connection_slots_and_are_evicted_for_a_fresh_client() {
 }
 
 #[tokio::test]
+async fn when_every_connection_has_a_request_running_a_new_tls_client_gets_503() {
+    let _serial = SERIAL.lock().await;
+    let ca = Ca::new();
+    let leaf = ca.leaf("sluice");
+    let secret = SecretDir::new(&leaf.cert, &leaf.key);
+    let repo = repo_with(&[]);
+    let s = start(repo.path(), (secret.cert(), secret.key()), &ca, |c| {
+        c.http.max_connections = 2
+    })
+    .await;
+    let mut running = Vec::new();
+    for _ in 0..2 {
+        let mut conn = connect(s.addr, &ca, &[b"http/1.1"]).await.unwrap();
+        let head = "POST /v2/models/digits/infer HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10\r\n\
+                    Expect: 100-continue\r\n\r\n";
+        conn.write_all(head.as_bytes()).await.unwrap();
+        // hyper says `100 Continue` once the handler reads the body: it runs.
+        let mut line = [0u8; 25];
+        tokio::time::timeout(LIMIT, conn.read_exact(&mut line))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&line, b"HTTP/1.1 100 Continue\r\n\r\n");
+        running.push(conn);
+    }
+    // Over the limit: the answer comes after the handshake, over TLS.
+    let mut third = connect(s.addr, &ca, &[b"http/1.1"]).await.unwrap();
+    third
+        .write_all(b"GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(LIMIT, third.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "over the limit: still open after {LIMIT:?}");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 503 "), "{answer}");
+    assert!(answer.contains("http.max_connections"), "{answer}");
+    drop(running);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_certificate_that_does_not_load_stops_the_start_naming_the_file() {
     let ca = Ca::new();
     let (leaf, other) = (ca.leaf("sluice"), ca.leaf("other"));
