@@ -21,6 +21,9 @@ mod repository;
 pub use network::{AuthConfig, GrpcConfig, HttpConfig, HttpLimits};
 pub use repository::{ControlMode, RepositoryConfig, WatchMode};
 
+mod tls;
+pub use tls::{TlsConfig, TlsFiles};
+
 /// Read when no `--config` is given, if it exists (relative to the working directory).
 pub const DEFAULT_FILE: &str = "config/sluice.toml";
 
@@ -37,6 +40,7 @@ pub struct Config {
     pub shutdown: ShutdownConfig,
     pub log: LogConfig,
     pub auth: AuthConfig,
+    pub tls: TlsConfig,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -263,6 +267,7 @@ impl Config {
             ));
         }
         self.http.validate(&mut errs);
+        self.tls.validate(&mut errs);
         if !(1..=65536).contains(&self.grpc.max_outstanding_per_stream) {
             errs.push(format!(
                 "grpc.max_outstanding_per_stream must be 1..=65536, got {}",

@@ -6,8 +6,9 @@
 //! (scan, load, the registry) → [`model`] (a model's handle and state) →
 //! [`batcher`] (queues, batch formation, statistics) → [`pool`] (sessions on
 //! dedicated threads) → [`runtime`] (ONNX Runtime) → [`metrics`], [`budget`],
-//! [`access`], [`shutdown`] → [`config`] → [`settings`] (a model's
-//! `model-settings.json`), [`protocol`] → [`tensor`] → [`error`].
+//! [`access`], [`shutdown`], [`tls`] (both ports' certificate) → [`config`] →
+//! [`settings`] (a model's `model-settings.json`), [`protocol`] → [`tensor`] →
+//! [`error`].
 //!
 //! Data flow of one request: an HTTP handler (or a gRPC method) decodes it into a
 //! [`protocol::InferRequest`], takes the model's `Arc<ModelHandle>` from the
@@ -34,6 +35,7 @@ pub mod runtime;
 pub mod settings;
 pub mod shutdown;
 pub mod tensor;
+pub mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -62,6 +64,9 @@ pub struct Server {
     /// The session pool, whose running batches are cancelled when the grace
     /// period is over.
     pool: Arc<pool::Pool>,
+    /// Both ports' TLS and its certificate reload task (`tls.cert_file`
+    /// set); dropped, stopping the reload, when the server stops.
+    tls: Option<tls::Tls>,
 }
 
 impl Server {
@@ -76,6 +81,14 @@ impl Server {
         let grpc_listener = TcpListener::bind(grpc_addr)
             .await
             .with_context(|| format!("cannot listen on {grpc_addr} (gRPC)"))?;
+        // Before the models load: a bad certificate stops the start at once.
+        let tls = match config.tls.files() {
+            Some(files) => Some(
+                tls::Tls::start(files, config.http_limits().header_read_timeout)
+                    .map_err(anyhow::Error::msg)?,
+            ),
+            None => None,
+        };
         http::serve::raise_open_file_limit();
         let pool = pool::Pool::new(pool::PoolLimits {
             cpu: config.cpu_concurrent_batches(),
@@ -122,6 +135,7 @@ impl Server {
             loaded,
             watcher,
             pool,
+            tls,
         })
     }
 
@@ -153,10 +167,12 @@ impl Server {
             loaded,
             watcher,
             pool,
+            tls,
         } = self;
         tracing::info!(
             http = %listener.local_addr()?,
             grpc = %grpc_listener.local_addr()?,
+            tls = tls.is_some(),
             repository = %config.model_repository.path.display(),
             "sluice listening"
         );
@@ -177,13 +193,19 @@ impl Server {
             budget: state.budget.clone(),
         };
         let mut graceful = stop_rx.clone();
-        let grpc_serve = grpc::serve(grpc_listener, grpc_state, async move {
-            let _ = graceful.wait_for(|stopping| *stopping).await;
-        });
+        let grpc_serve = grpc::serve(
+            grpc_listener,
+            grpc_state,
+            tls.as_ref().map(tls::Tls::grpc),
+            async move {
+                let _ = graceful.wait_for(|stopping| *stopping).await;
+            },
+        );
         let http_serve = http::serve::serve(
             listener,
             http::router(state),
             config.http_limits(),
+            tls.as_ref().map(tls::Tls::http),
             stop_rx.clone(),
         );
         let serve = async {
@@ -209,6 +231,7 @@ impl Server {
         cancel_runs(&pool).await;
         drop(upkeep);
         drop(watcher);
+        drop(tls);
         tracing::info!("sluice stopped");
         result
     }

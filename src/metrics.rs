@@ -25,6 +25,8 @@ pub const DROPPED: &str = "sluice_requests_dropped_total";
 pub const REPOSITORY_WATCHING: &str = "sluice_repository_watching";
 pub const MODEL_MEMORY: &str = "sluice_model_memory_bytes";
 pub const PADDING_RATIO: &str = "sluice_batch_padding_ratio";
+pub const TLS_RELOADS: &str = "sluice_tls_reloads_total";
+pub const TLS_EXPIRATION: &str = "sluice_tls_certificate_expiration_timestamp_seconds";
 
 /// Label value for requests to a model the registry does not know (keeps
 /// the `model` label bounded).
@@ -142,6 +144,16 @@ fn describe() {
         PADDING_RATIO,
         Unit::Count,
         "Padded elements ÷ all input elements of each executed batch (models with `padding`)."
+    );
+    describe_counter!(
+        TLS_RELOADS,
+        Unit::Count,
+        "Changes of the TLS certificate and key files, by result (`ok`: new handshakes get the new certificate; `error`: refused, the previous one keeps serving)."
+    );
+    describe_gauge!(
+        TLS_EXPIRATION,
+        Unit::Seconds,
+        "When the certificate that new TLS handshakes get expires (its notAfter, Unix seconds); absent without TLS."
     );
     describe_counter!(
         DROPPED,
@@ -278,4 +290,14 @@ pub fn dropped(model: &str, reason: &'static str) {
 /// Whether the model repository's watch works (false: lost, polling while it retries).
 pub fn repository_watching(watching: bool) {
     gauge!(REPOSITORY_WATCHING).set(if watching { 1.0 } else { 0.0 });
+}
+
+/// The TLS certificate files changed and were loaded (`ok`) or refused (`error`).
+pub fn tls_reload(ok: bool) {
+    counter!(TLS_RELOADS, "result" => if ok { "ok" } else { "error" }).increment(1);
+}
+
+/// New TLS handshakes get a certificate that expires at `unix_seconds`.
+pub fn tls_certificate_expiration(unix_seconds: i64) {
+    gauge!(TLS_EXPIRATION).set(unix_seconds as f64);
 }

@@ -85,6 +85,8 @@ pub struct TestServer {
     /// The gRPC port's address.
     pub grpc_addr: SocketAddr,
     pub client: reqwest::Client,
+    /// `http`, or `https` when the configuration turns TLS on.
+    pub scheme: &'static str,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
@@ -97,6 +99,16 @@ impl TestServer {
 
     /// As [`TestServer::start`], after `tweak` adjusts the configuration.
     pub async fn start_with(repo: &Path, tweak: impl FnOnce(&mut Config)) -> TestServer {
+        Self::start_with_client(repo, tweak, reqwest::Client::new()).await
+    }
+
+    /// As [`TestServer::start_with`], talking through `client` (one that
+    /// trusts the test's certificate authority when `tweak` turns TLS on).
+    pub async fn start_with_client(
+        repo: &Path,
+        tweak: impl FnOnce(&mut Config),
+        client: reqwest::Client,
+    ) -> TestServer {
         let mut cfg = Config::default();
         cfg.http.host = [127, 0, 0, 1].into();
         cfg.http.port = 0;
@@ -107,6 +119,11 @@ impl TestServer {
         // default ("none") itself.
         cfg.model_repository.control = sluice::config::ControlMode::Api;
         tweak(&mut cfg);
+        let scheme = if cfg.tls.files().is_some() {
+            "https"
+        } else {
+            "http"
+        };
         let server = sluice::Server::bind(cfg, runtime()).await.expect("bind");
         let addr = server.http_addr();
         let grpc_addr = server.grpc_addr();
@@ -117,7 +134,8 @@ impl TestServer {
         let s = TestServer {
             addr,
             grpc_addr,
-            client: reqwest::Client::new(),
+            client,
+            scheme,
             stop: Some(stop),
             task: Some(task),
         };
@@ -125,9 +143,9 @@ impl TestServer {
         s
     }
 
-    /// `http://127.0.0.1:PORT{path}`
+    /// `http://127.0.0.1:PORT{path}` (`https` with TLS)
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
+        format!("{}://{}{path}", self.scheme, self.addr)
     }
 
     pub async fn wait_ready(&self) {

@@ -1,5 +1,6 @@
-//! The socket of one HTTP connection, as hyper sees it: reads are reported
-//! to the connection's state (a request's headers started), and hyper's own
+//! The socket of one HTTP connection, as hyper sees it: plain TCP or TLS
+//! ([`Socket`]); reads of request bytes (after TLS) are reported to the
+//! connection's state (a request's headers started), and hyper's own
 //! answers to requests it cannot parse (400, 414, 431 with an empty body)
 //! are rewritten to carry the usual `{"error": "..."}` body (SPEC §9).
 
@@ -12,11 +13,65 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::conn::ConnState;
+use crate::tls::TlsConn;
 
-/// A TCP stream that tells its connection's state what it reads and puts a
+/// An accepted connection of the HTTP port: plain, or TLS (`tls.cert_file`
+/// set), whose handshake runs on the first read, under the connection's
+/// header timeout like a request's headers.
+pub(crate) enum Socket {
+    Plain(TcpStream),
+    Tls(Box<TlsConn>),
+}
+
+/// Forwards one I/O call to the socket of either kind.
+macro_rules! either {
+    ($self:expr, $s:ident => $call:expr) => {
+        match $self.get_mut() {
+            Socket::Plain($s) => $call,
+            Socket::Tls($s) => $call,
+        }
+    };
+}
+
+impl AsyncRead for Socket {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        either!(self, s => Pin::new(s).poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Socket {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        either!(self, s => Pin::new(s).poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        either!(self, s => Pin::new(s).poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Socket::Plain(s) => s.is_write_vectored(),
+            Socket::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        either!(self, s => Pin::new(s).poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        either!(self, s => Pin::new(s).poll_shutdown(cx))
+    }
+}
+
+/// A socket that tells its connection's state what it reads and puts a
 /// JSON body into hyper's bodiless error answers.
 pub(crate) struct TrackedIo {
-    stream: TcpStream,
+    stream: Socket,
     state: Arc<ConnState>,
     /// Nothing read yet (the first bytes tell HTTP/1 from HTTP/2).
     first: bool,
@@ -33,7 +88,7 @@ struct Rewrite {
 }
 
 impl TrackedIo {
-    pub(super) fn new(stream: TcpStream, state: Arc<ConnState>, max_header_bytes: usize) -> TrackedIo {
+    pub(super) fn new(stream: Socket, state: Arc<ConnState>, max_header_bytes: usize) -> TrackedIo {
         TrackedIo {
             stream,
             state,

@@ -4,7 +4,9 @@
 //! time; connections are capped below the open-file limit, and at the cap
 //! the longest-quiet connection makes room for a new one. On shutdown the
 //! port keeps answering (readiness 503) until the requests it had accepted
-//! are answered and every connection has closed.
+//! are answered and every connection has closed. With TLS, a connection takes
+//! its slot at the accept and its handshake runs under its header timeout,
+//! so a slow handshake is a slow request head: timed out, and evictable.
 
 mod conn;
 mod io;
@@ -16,10 +18,11 @@ use std::time::Duration;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
 use crate::config::HttpLimits;
+use io::Socket;
 pub use service::BodyReadTimeout;
 
 /// Most 503 answers to connections over the limit in flight at once (each
@@ -31,11 +34,13 @@ const REFUSING: usize = 64;
 /// over: each connection accepted before it has answered its running
 /// requests and closed, and so has each one accepted since (health probes,
 /// refused inference). `stop`'s sender is the shutdown task of
-/// `lib::Server::run`; each connection's task holds a clone.
+/// `lib::Server::run`; each connection's task holds a clone. With `tls`,
+/// every connection speaks TLS.
 pub async fn serve(
     listener: TcpListener,
     router: axum::Router,
     limits: HttpLimits,
+    tls: Option<crate::tls::Acceptor>,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let limits = Arc::new(HttpLimits {
@@ -66,6 +71,10 @@ pub async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
+        let stream = match &tls {
+            Some(acceptor) => Socket::Tls(Box::new(acceptor.accept(stream))),
+            None => Socket::Plain(stream),
+        };
         let Some(ticket) = connections.admit().await else {
             refuse(stream, limits.max_connections, &refusing);
             continue;
@@ -108,8 +117,10 @@ fn builder(limits: &HttpLimits) -> auto::Builder<TokioExecutor> {
 /// without parsing its request (nothing waits on a slow client). While few
 /// such answers are in flight (`refusing` has a permit), each is followed by
 /// a FIN and a read of whatever the client sent, for at most a second, so
-/// closing does not reset the answer away before the client reads it.
-fn refuse(mut stream: TcpStream, max: usize, refusing: &Arc<Semaphore>) {
+/// closing does not reset the answer away before the client reads it. A TLS
+/// connection gets the answer only then (after its handshake, in that
+/// second); otherwise it is just closed.
+fn refuse(mut stream: Socket, max: usize, refusing: &Arc<Semaphore>) {
     tracing::warn!(
         max_connections = max,
         "HTTP connection refused: every connection has a request running"
@@ -125,7 +136,9 @@ fn refuse(mut stream: TcpStream, max: usize, refusing: &Arc<Semaphore>) {
     );
     let Ok(permit) = refusing.clone().try_acquire_owned() else {
         // A fresh socket's send buffer is empty: the answer fits without waiting.
-        let _ = stream.try_write(answer.as_bytes());
+        if let Socket::Plain(tcp) = stream {
+            let _ = tcp.try_write(answer.as_bytes());
+        }
         return;
     };
     tokio::spawn(async move {
