@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 
 use common::client::{
-    body_text, closed_loop, connect, encode_request, infer_path, infer_request, send, Encoded, LoadPoint,
+    body_text, closed_loop, connect, encode_request, get, infer_path, infer_request, send, Encoded, LoadPoint,
 };
 use common::raw::{self, RawPoint, FEATURES};
 use common::server::ServerProcess;
@@ -148,8 +148,15 @@ fn decode_median_us(body: &[u8], runs: usize) -> Result<f64> {
 
 // ---------------------------------------------------------------- 3. load
 
-/// One request to each phase's first model; refuses to go on unless it is answered 2xx.
+/// Every model of every phase ready, and one request to each phase's first
+/// model answered 2xx; refuses to go on otherwise.
 async fn check_phases(server: &ServerProcess, phases: &[Phase]) -> Result<()> {
+    for m in phases.iter().flat_map(|p| &p.models) {
+        let (status, body) = get(server.addr, &format!("/v2/models/{m}/ready")).await?;
+        if status != 200 {
+            bail!("model {m} is not ready ({status}): {}", body_text(&body));
+        }
+    }
     let mut conn = connect(server.addr).await?;
     for p in phases {
         let path = infer_path(&p.models[0]);
