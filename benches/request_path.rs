@@ -519,43 +519,32 @@ fn main() -> Result<()> {
     );
 
     // 3. Load.
-    let one = |m: &str| vec![m.to_string()];
+    let phase = |key, models: Vec<String>, clients, encoding, bodies: &Arc<Vec<Encoded>>| Phase {
+        key,
+        models,
+        clients,
+        encoding,
+        bodies: bodies.clone(),
+    };
+    let (one, json) = (|m: &str| vec![m.to_string()], "V2 JSON");
     let phases = vec![
-        Phase {
-            key: "identity",
-            models: one("identity"),
-            clients: CLIENTS,
-            encoding: "V2 JSON",
-            bodies: identity.clone(),
-        },
-        Phase {
-            key: "identity_1",
-            models: one("identity"),
-            clients: 1,
-            encoding: "V2 JSON",
-            bodies: identity.clone(),
-        },
-        Phase {
-            key: "spread",
-            models: (0..SPREAD).map(spread_name).collect(),
-            clients: CLIENTS,
-            encoding: "V2 JSON",
-            bodies: identity,
-        },
-        Phase {
-            key: "mlp_json",
-            models: one("mlp"),
-            clients: CLIENTS,
-            encoding: "V2 JSON",
-            bodies: mlp_json.clone(),
-        },
-        Phase {
-            key: "mlp_binary",
-            models: one("mlp"),
-            clients: CLIENTS,
-            encoding: "binary tensors",
-            bodies: bodies(FEATURES, "input", true),
-        },
+        phase("identity", one("identity"), CLIENTS, json, &identity),
+        phase("identity_1", one("identity"), 1, json, &identity),
+        phase(
+            "spread",
+            (0..SPREAD).map(spread_name).collect(),
+            CLIENTS,
+            json,
+            &identity,
+        ),
+        phase("mlp_json", one("mlp"), CLIENTS, json, &mlp_json),
+        phase(
+            "mlp_binary",
+            one("mlp"),
+            CLIENTS,
+            "binary tensors",
+            &bodies(FEATURES, "input", true),
+        ),
     ];
     let env = raw::environment(&lib)?;
     let mut session = raw::session(&env, &root.join("model-repository/mlp/model.onnx"), intra)?;
