@@ -1,18 +1,19 @@
-//! The in-tree load client: keep-alive HTTP/1.1 connections (hyper,
-//! `TCP_NODELAY`), one request in flight per connection, every connection on
-//! the one current-thread tokio runtime of the bench process, bodies
-//! serialized beforehand. Its CPU time is that thread's (`RUSAGE_THREAD`).
+//! The in-tree load client: keep-alive HTTP/1.1 connections (`TCP_NODELAY`),
+//! one request in flight per connection, every connection on the one
+//! current-thread tokio runtime of the bench process, whole requests
+//! serialized beforehand and written as they are; responses read up to their
+//! `Content-Length`. Its CPU time is that thread's (`RUSAGE_THREAD`). One-off
+//! requests (health, metrics, checks, low load) go through hyper.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{anyhow, bail, Result};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
-use hyper::header::{HeaderValue, CONTENT_TYPE, HOST};
-use hyper::{Method, Uri};
+use hyper::header::{CONTENT_TYPE, HOST};
 use hyper_util::rt::TokioIo;
 
 use super::metrics::{snapshot, Edge};
@@ -95,27 +96,15 @@ pub fn infer_path(model: &str) -> String {
     format!("/v2/models/{model}/infer")
 }
 
-/// A one-off inference request (checks, low load).
+/// A one-off inference request through hyper (checks, low load).
 pub fn infer_request(addr: SocketAddr, path: &str, e: &Encoded) -> hyper::Request<Full<Bytes>> {
-    let host = HeaderValue::from_str(&addr.to_string()).expect("an address is a valid header");
-    let uri: Uri = path.parse().expect("a valid path");
-    build_request(&host, &uri, e)
-}
-
-/// The request of the load loop: the URI and Host header are parsed once per
-/// phase, and the body is a reference-counted `Bytes`, so building one costs
-/// a few small copies.
-fn build_request(host: &HeaderValue, uri: &Uri, e: &Encoded) -> hyper::Request<Full<Bytes>> {
-    let mut req = hyper::Request::new(Full::new(e.body.clone()));
-    *req.method_mut() = Method::POST;
-    *req.uri_mut() = uri.clone();
-    let h = req.headers_mut();
-    h.insert(HOST, host.clone());
-    h.insert(CONTENT_TYPE, HeaderValue::from_static(e.content_type));
+    let mut b = hyper::Request::post(path)
+        .header(HOST, addr.to_string())
+        .header(CONTENT_TYPE, e.content_type);
     if let Some(n) = e.header_len {
-        h.insert("inference-header-content-length", HeaderValue::from(n));
+        b = b.header("inference-header-content-length", n);
     }
-    req
+    b.body(Full::new(e.body.clone())).expect("a valid request")
 }
 
 pub fn body_text(body: &[u8]) -> String {
@@ -166,13 +155,99 @@ impl LoadPoint {
     }
 }
 
-/// What every client of a phase shares: where to send, what to send.
+/// What every client of a phase sends: `requests[model][body]`, whole
+/// HTTP/1.1 requests (head and body) serialized before the phase; client `i`
+/// sends its `k`-th request to model `(i + k) % models` with body
+/// `(7 i + k) % bodies`.
 struct Plan {
     addr: SocketAddr,
-    host: HeaderValue,
-    /// One URI per model; client `i` sends its `k`-th request to `uris[(i + k) % len]`.
-    uris: Vec<Uri>,
-    bodies: Arc<Vec<Encoded>>,
+    requests: Vec<Vec<Bytes>>,
+}
+
+/// An HTTP/1.1 POST with `Content-Length`, keep-alive, as bytes on the wire.
+fn wire_request(addr: SocketAddr, path: &str, e: &Encoded) -> Bytes {
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: {}\r\ncontent-length: {}\r\n",
+        e.content_type,
+        e.body.len()
+    );
+    if let Some(n) = e.header_len {
+        head.push_str(&format!("inference-header-content-length: {n}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut out = head.into_bytes();
+    out.extend_from_slice(&e.body);
+    out.into()
+}
+
+/// The load loop's connection: a plain TCP stream that writes a serialized
+/// request and reads one `Content-Length` response. Leaner than hyper's
+/// client (no request or header map per request, no channel and task between
+/// the sender and the connection), so that the client's CPU per request stays
+/// below the server's it measures.
+struct WireConn {
+    stream: tokio::net::TcpStream,
+    /// Bytes read and not yet consumed (a response arrives in pieces).
+    buf: Vec<u8>,
+}
+
+impl WireConn {
+    async fn connect(addr: SocketAddr) -> Result<WireConn> {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(WireConn {
+            stream,
+            buf: Vec::with_capacity(64 * 1024),
+        })
+    }
+
+    /// Sends `req`, reads the whole response; its status code.
+    async fn round_trip(&mut self, req: &[u8]) -> Result<u16> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        self.stream.write_all(req).await?;
+        loop {
+            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let (status, length) = parse_head(&self.buf[..end])?;
+                let total = end + 4 + length;
+                while self.buf.len() < total {
+                    if self.stream.read_buf(&mut self.buf).await? == 0 {
+                        bail!("the server closed the connection in a response body");
+                    }
+                }
+                self.buf.drain(..total);
+                return Ok(status);
+            }
+            if self.stream.read_buf(&mut self.buf).await? == 0 {
+                bail!("the server closed the connection");
+            }
+        }
+    }
+}
+
+/// Status code and `Content-Length` of a response head (without its blank line).
+fn parse_head(head: &[u8]) -> Result<(u16, usize)> {
+    let text = std::str::from_utf8(head)?;
+    let mut lines = text.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow!("not an HTTP status line: {text:?}"))?;
+    let mut length = None;
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        if name.eq_ignore_ascii_case("content-length") {
+            length = value.trim().parse().ok();
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            bail!("chunked response: the load client reads Content-Length bodies only");
+        }
+    }
+    Ok((
+        status,
+        length.ok_or_else(|| anyhow!("no Content-Length in {text:?}"))?,
+    ))
 }
 
 /// One client: requests back to back on its connection until `until`
@@ -180,28 +255,25 @@ struct Plan {
 /// successful request and the number of failed ones.
 async fn client(
     plan: Arc<Plan>,
-    mut conn: Conn,
+    mut conn: WireConn,
     first: usize,
     until: Instant,
-) -> Result<(Conn, Vec<Duration>, u64)> {
+) -> Result<(WireConn, Vec<Duration>, u64)> {
     let mut lat = Vec::new();
     let mut errors = 0;
-    let (nu, nb) = (plan.uris.len(), plan.bodies.len());
+    let nm = plan.requests.len();
     let mut k = 0;
     while Instant::now() < until {
-        let req = build_request(
-            &plan.host,
-            &plan.uris[(first + k) % nu],
-            &plan.bodies[(first * 7 + k) % nb],
-        );
+        let per_model = &plan.requests[(first + k) % nm];
+        let req = &per_model[(first * 7 + k) % per_model.len()];
         k += 1;
         let t = Instant::now();
-        match send(&mut conn, req).await {
-            Ok((200..=299, _)) => lat.push(t.elapsed()),
+        match conn.round_trip(req).await {
+            Ok(200..=299) => lat.push(t.elapsed()),
             Ok(_) => errors += 1,
             Err(_) => {
                 errors += 1;
-                conn = connect(plan.addr).await?;
+                conn = WireConn::connect(plan.addr).await?;
             }
         }
     }
@@ -211,9 +283,9 @@ async fn client(
 /// Every connection runs a client until `until`; waits for all of them.
 async fn phase(
     plan: &Arc<Plan>,
-    conns: Vec<Conn>,
+    conns: Vec<WireConn>,
     until: Instant,
-) -> Result<(Vec<Conn>, Vec<Duration>, u64)> {
+) -> Result<(Vec<WireConn>, Vec<Duration>, u64)> {
     let mut set = tokio::task::JoinSet::new();
     for (i, conn) in conns.into_iter().enumerate() {
         set.spawn(client(plan.clone(), conn, i, until));
@@ -246,16 +318,17 @@ pub async fn closed_loop<S: AsRef<str>>(
     let addr = server.addr;
     let plan = Arc::new(Plan {
         addr,
-        host: HeaderValue::from_str(&addr.to_string())?,
-        uris: models
+        requests: models
             .iter()
-            .map(|m| infer_path(m.as_ref()).parse())
-            .collect::<Result<_, _>>()?,
-        bodies: bodies.clone(),
+            .map(|m| {
+                let path = infer_path(m.as_ref());
+                bodies.iter().map(|e| wire_request(addr, &path, e)).collect()
+            })
+            .collect(),
     });
     let mut conns = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
-        conns.push(connect(addr).await?);
+        conns.push(WireConn::connect(addr).await?);
     }
     let (conns, _, _) = phase(&plan, conns, Instant::now() + warmup).await?;
     // Measured window: from here to the moment the last client's last
