@@ -387,7 +387,7 @@ fn report(opts: &Opts, c: &Setup, phases: &[Phase], rounds: &[Round]) -> String 
     let _ = writeln!(
         o,
         "\nRatios are taken per round (server and raw of the same round, spread and one model of \
-         the same round), then the median; each round's: binary {}, JSON {}, spread {}.",
+         the same round), then the median; each round's: binary [{}]; JSON [{}]; spread [{}].",
         fmt_each(&ratio_bin, 2),
         fmt_each(&ratio_json, 2),
         fmt_each(&spread_ratio, 2)
