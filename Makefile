@@ -5,7 +5,7 @@
 ORT_LIB := .ort/cpu/libonnxruntime.so.1.31.1
 MINILM := model-repository/minilm/model.onnx
 
-.PHONY: serve test setup test-clients models bench docker-test
+.PHONY: serve test setup test-clients models bench bench-request-path docker-test
 
 ## serve: serve model-repository/ on :8080 (release build)
 serve: setup
@@ -18,6 +18,10 @@ test: setup test-clients
 ## bench: end-to-end serving benchmark, prints Markdown tables (benches/README.md)
 bench: setup
 	cargo bench --bench serving
+
+## bench-request-path: issue 11's request-path figures next to their goals (benches/README.md)
+bench-request-path: setup
+	cargo bench --bench request_path
 
 setup: $(ORT_LIB) $(MINILM)
 

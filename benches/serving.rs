@@ -25,31 +25,27 @@
 //! 4. Low load: sequential single requests with a pause between them, to a
 //!    model with `max_batch_time = 0.5` under `adaptive` and under `fixed`.
 
-use std::collections::HashMap;
+mod common;
+
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write as _};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
-use hyper::header::{CONTENT_TYPE, HOST};
-use hyper_util::rt::TokioIo;
-use ort::session::builder::GraphOptimizationLevel;
-use ort::session::Session;
-use ort::value::TensorRef;
 
+use common::client::{
+    body_text, closed_loop, connect, encode_request, infer_path, infer_request, send, Encoded, LoadPoint,
+};
+use common::metrics::{snapshot, Edge};
+use common::raw::{self, RawPoint, FEATURES, OUTPUTS};
+use common::server::ServerProcess;
+use common::{
+    cpu_model, env_flag, env_list, env_num, fmt_opt, loadavg, ms, percentile, random_floats, verdict,
+};
 use sluice::config::Config;
 use sluice::runtime::onnx::find_library;
-
-/// The MLP's input width and output width (`input` FP32[-1,784] -> `logits` FP32[-1,10]).
-const FEATURES: usize = 784;
-const OUTPUTS: usize = 10;
 
 /// The models of the temp repository: (folder, model-settings.json).
 const MODELS: [(&str, &str); 4] = [
@@ -87,48 +83,10 @@ struct Opts {
     warmup: Duration,
 }
 
-fn env_var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
-
-fn env_num<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
-    match env_var(name) {
-        None => Ok(default),
-        Some(v) => v
-            .trim()
-            .parse()
-            .map_err(|_| anyhow!("{name}={v} is not a valid number")),
-    }
-}
-
-fn env_list(name: &str, default: &[usize]) -> Result<Vec<usize>> {
-    match env_var(name) {
-        None => Ok(default.to_vec()),
-        Some(v) => {
-            let list = v
-                .split(',')
-                .map(|x| x.trim().parse::<usize>().ok().filter(|&n| n > 0))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| anyhow!("{name}={v}: expected a comma-separated list of positive integers"))?;
-            if list.is_empty() {
-                bail!("{name} is empty");
-            }
-            Ok(list)
-        }
-    }
-}
-
-fn env_flag(name: &str) -> bool {
-    env_var(name).is_some_and(|v| !matches!(v.trim(), "0" | "false" | "no"))
-}
-
 impl Opts {
     fn from_env() -> Result<Opts> {
         let quick = env_flag("SLUICE_BENCH_QUICK");
-        let seconds: f64 = env_num("SLUICE_BENCH_SECONDS", 3.0)?;
-        if !(seconds.is_finite() && seconds > 0.0) {
-            bail!("SLUICE_BENCH_SECONDS must be > 0, got {seconds}");
-        }
+        let seconds = common::env_seconds()?;
         Ok(Opts {
             seconds,
             quick,
@@ -150,145 +108,10 @@ impl Opts {
 
 /// The command that reproduces this run: the `SLUICE_BENCH_*` variables set, then cargo.
 fn command_line() -> String {
-    let mut vars: Vec<String> = std::env::vars()
-        .filter(|(k, v)| k.starts_with("SLUICE_BENCH_") && !v.is_empty())
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    vars.sort();
-    vars.push("cargo bench --bench serving".into());
-    vars.join(" ")
-}
-
-// ---------------------------------------------------------------- measuring helpers
-
-/// Deterministic pseudo-random floats in [0, 1) (xorshift64*), so runs send the same data.
-fn random_floats(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s >> 12;
-            s ^= s << 25;
-            s ^= s >> 27;
-            let x = s.wrapping_mul(0x2545_F491_4F6C_DD1D);
-            (x >> 40) as f32 / (1u64 << 24) as f32
-        })
-        .collect()
-}
-
-/// User + system CPU seconds of this process, all threads (getrusage).
-fn self_cpu_seconds() -> f64 {
-    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage writes a complete `rusage` into the pointer on success.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
-    assert_eq!(rc, 0, "getrusage failed");
-    // SAFETY: zero-initialised, then filled by getrusage.
-    let ru = unsafe { ru.assume_init() };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
-/// User + system CPU seconds of process `pid`, all threads (`/proc/<pid>/stat`,
-/// utime and stime in clock ticks).
-fn process_cpu_seconds(pid: u32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("cannot read /proc/{pid}/stat"))?;
-    // The command name (field 2) is in parentheses and may hold spaces; the
-    // fields after it start with field 3 (state), so utime (14) is index 11.
-    let rest = stat
-        .rfind(')')
-        .map(|i| &stat[i + 1..])
-        .ok_or_else(|| anyhow!("unexpected /proc/{pid}/stat: {stat}"))?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let field = |i: usize| -> Result<u64> {
-        fields
-            .get(i)
-            .and_then(|f| f.parse().ok())
-            .ok_or_else(|| anyhow!("unexpected /proc/{pid}/stat: {stat}"))
-    };
-    let ticks = field(11)? + field(12)?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if hz <= 0 {
-        bail!("sysconf(_SC_CLK_TCK) failed");
-    }
-    Ok(ticks as f64 / hz as f64)
-}
-
-/// Nearest-rank percentile of sorted samples.
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
-}
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "?".into())
+    common::command_line("serving")
 }
 
 // ---------------------------------------------------------------- 1. raw ONNX Runtime
-
-struct RawPoint {
-    batch: usize,
-    runs: u64,
-    wall: f64,
-    cpu: f64,
-    median: Duration,
-}
-
-impl RawPoint {
-    fn items(&self) -> f64 {
-        (self.runs * self.batch as u64) as f64
-    }
-    fn items_per_s(&self) -> f64 {
-        self.items() / self.wall
-    }
-    fn cpu_per_1000(&self) -> f64 {
-        self.cpu / self.items() * 1000.0
-    }
-}
-
-/// The session as the server builds it (`runtime::onnx::OnnxRuntime::builder`),
-/// without the shared prepacked-weights container, which only matters with
-/// several instances.
-fn raw_session(env: &ort::environment::Environment, model: &Path, intra: usize) -> ort::Result<Session> {
-    Session::builder(env)?
-        .with_optimization_level(GraphOptimizationLevel::Level3)?
-        .with_intra_threads(intra)?
-        .with_intra_op_spinning(false)?
-        .commit_from_file(model)
-}
-
-/// One run: input view, session run, output copied out (the server copies it too).
-fn raw_run(session: &mut Session, batch: usize, xs: &[f32]) -> Result<()> {
-    let outputs =
-        session.run(ort::inputs!["input" => TensorRef::from_array_view(([batch, FEATURES], xs))?])?;
-    let (_, logits) = outputs["logits"].try_extract_tensor::<f32>()?;
-    if logits.len() != batch * OUTPUTS {
-        bail!("raw run: {} logits for batch {batch}", logits.len());
-    }
-    std::hint::black_box(logits.to_vec());
-    Ok(())
-}
 
 /// The raw phase's results.
 struct Raw {
@@ -299,40 +122,11 @@ struct Raw {
 }
 
 fn raw_onnxruntime(lib: &Path, model: &Path, intra: usize, opts: &Opts) -> Result<Raw> {
-    let env = ort::init_from(lib)
-        .map_err(|e| anyhow!("cannot load ONNX Runtime from {}: {e}", lib.display()))?
-        .with_name("sluice-bench")
-        .with_telemetry(false)
-        .build()
-        .map_err(|e| anyhow!("cannot create the ONNX Runtime environment: {e}"))?;
-    let mut session =
-        raw_session(&env, model, intra).map_err(|e| anyhow!("cannot load {}: {e}", model.display()))?;
+    let env = raw::environment(lib)?;
+    let mut session = raw::session(&env, model, intra)?;
     let mut points = Vec::new();
     for (i, &batch) in opts.raw_batches.iter().enumerate() {
-        let xs = random_floats(batch * FEATURES, 1000 + i as u64);
-        let warm_end = Instant::now() + opts.warmup;
-        while Instant::now() < warm_end {
-            raw_run(&mut session, batch, &xs)?;
-        }
-        let mut lat = Vec::new();
-        let cpu0 = self_cpu_seconds();
-        let t0 = Instant::now();
-        let end = t0 + opts.measured();
-        while Instant::now() < end {
-            let t = Instant::now();
-            raw_run(&mut session, batch, &xs)?;
-            lat.push(t.elapsed());
-        }
-        let wall = t0.elapsed().as_secs_f64();
-        let cpu = self_cpu_seconds() - cpu0;
-        lat.sort();
-        let p = RawPoint {
-            batch,
-            runs: lat.len() as u64,
-            wall,
-            cpu,
-            median: percentile(&lat, 50.0),
-        };
+        let p = raw::measure(&mut session, batch, 1000 + i as u64, opts.warmup, opts.measured())?;
         eprintln!(
             "raw batch {batch:>3}: {:>8.0} items/s, median {:.3} ms/run, {:.4} CPU s/1000 items",
             p.items_per_s(),
@@ -346,7 +140,7 @@ fn raw_onnxruntime(lib: &Path, model: &Path, intra: usize, opts: &Opts) -> Resul
     for _ in 0..opts.adaptive_requests.max(1) {
         std::thread::sleep(opts.gap);
         let t = Instant::now();
-        raw_run(&mut session, 1, &xs)?;
+        raw::run(&mut session, 1, &xs)?;
         lat.push(t.elapsed());
     }
     lat.sort();
@@ -369,142 +163,6 @@ fn nearest_raw(raw: &[RawPoint], batch: f64) -> &RawPoint {
 
 // ---------------------------------------------------------------- 2. the server child process
 
-/// The `sluice` child process; killed (SIGTERM, then SIGKILL) when dropped,
-/// including while a panic unwinds.
-struct ServerProcess {
-    child: Child,
-    addr: SocketAddr,
-    log: PathBuf,
-}
-
-/// `... sluice listening http=127.0.0.1:PORT repository=...` -> the address.
-fn listening_addr(line: &str) -> Option<SocketAddr> {
-    if !line.contains("sluice listening") {
-        return None;
-    }
-    let at = line.find("http=")? + "http=".len();
-    line[at..].split_whitespace().next()?.parse().ok()
-}
-
-impl ServerProcess {
-    fn start(exe: &Path, workdir: &Path, repo: &Path, lib: &Path) -> Result<ServerProcess> {
-        let log = workdir.join("server.log");
-        // An empty configuration file: the server runs on its built-in
-        // defaults. (Without `--config` it reads `config/sluice.toml` from its
-        // working directory, and fails if there is none.)
-        let config = workdir.join("sluice.toml");
-        std::fs::write(&config, "# sluice serving bench: built-in defaults\n")?;
-        let mut cmd = Command::new(exe);
-        cmd.arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .arg("--model-repository")
-            .arg(repo)
-            .args(["--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0"])
-            .arg("--onnxruntime-library")
-            .arg(lib)
-            .current_dir(workdir)
-            .env("RUST_LOG", "info,ort=warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        // The server reads SLUICE_* as configuration and refuses unknown keys
-        // (SLUICE_BENCH_SECONDS would be `bench_seconds`).
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("SLUICE_") {
-                cmd.env_remove(k);
-            }
-        }
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("cannot start {}", exe.display()))?;
-        let stderr = child.stderr.take().expect("stderr is piped");
-        let mut server = ServerProcess {
-            child,
-            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            log: log.clone(),
-        };
-        let mut file =
-            std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
-        let (tx, rx) = mpsc::channel();
-        // Drains the child's stderr into the log file for its whole life (a
-        // full pipe would block the server) and reports the listening line.
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                let _ = writeln!(file, "{line}");
-                if let Some(addr) = listening_addr(&line) {
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send(addr);
-                    }
-                }
-            }
-        });
-        server.addr = rx.recv_timeout(Duration::from_secs(120)).map_err(|_| {
-            anyhow!(
-                "the server did not log `sluice listening http=...`; its log:\n{}",
-                server.log_tail()
-            )
-        })?;
-        Ok(server)
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    }
-
-    /// Polls `/v2/health/ready` until 200; returns how long it took.
-    async fn wait_ready(&mut self, started: Instant) -> Result<Duration> {
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                bail!(
-                    "the server exited ({status}) before it was ready; its log:\n{}",
-                    self.log_tail()
-                );
-            }
-            if let Ok((200, _)) = get(self.addr, "/v2/health/ready").await {
-                return Ok(started.elapsed());
-            }
-            if started.elapsed() > Duration::from_secs(300) {
-                bail!(
-                    "the server was not ready after 300 s; its log:\n{}",
-                    self.log_tail()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return;
-        }
-        // Graceful first (no request is open, so it exits at once), then SIGKILL.
-        // SAFETY: kill(2) on our own child's pid, which has not been reaped yet.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(5) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A temp repository with the four MLP copies of [`MODELS`].
 fn make_repository(root: &Path, model: &Path) -> Result<PathBuf> {
     let repo = root.join("repo");
@@ -518,93 +176,7 @@ fn make_repository(root: &Path, model: &Path) -> Result<PathBuf> {
     Ok(repo)
 }
 
-// ---------------------------------------------------------------- HTTP client
-
-type Conn = SendRequest<Full<Bytes>>;
-
-/// One keep-alive HTTP/1.1 connection.
-async fn connect(addr: SocketAddr) -> Result<Conn> {
-    let stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.set_nodelay(true)?;
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    Ok(sender)
-}
-
-async fn send(conn: &mut Conn, req: hyper::Request<Full<Bytes>>) -> Result<(u16, Bytes)> {
-    conn.ready().await?;
-    let resp = conn.send_request(req).await?;
-    let status = resp.status().as_u16();
-    let body = resp.into_body().collect().await?.to_bytes();
-    Ok((status, body))
-}
-
-/// A GET on a fresh connection (health, metrics).
-async fn get(addr: SocketAddr, path: &str) -> Result<(u16, Bytes)> {
-    let mut conn = connect(addr).await?;
-    let req = hyper::Request::get(path)
-        .header(HOST, addr.to_string())
-        .body(Full::new(Bytes::new()))?;
-    send(&mut conn, req).await
-}
-
-/// One pre-serialized inference request body.
-#[derive(Clone)]
-struct Encoded {
-    content_type: &'static str,
-    /// `Inference-Header-Content-Length` (binary tensor extension only).
-    header_len: Option<usize>,
-    body: Bytes,
-}
-
-/// A V2 inference request for `rows` rows of `input` (`xs` holds
-/// `rows * FEATURES` floats): JSON, or with `binary` the binary tensor data
-/// extension (JSON header, then the raw little-endian FP32 bytes; outputs
-/// are asked for as JSON).
-fn encode_request(xs: &[f32], rows: usize, binary: bool) -> Encoded {
-    debug_assert_eq!(xs.len(), rows * FEATURES);
-    if binary {
-        let header = serde_json::json!({"inputs": [{
-            "name": "input", "shape": [rows, FEATURES], "datatype": "FP32",
-            "parameters": {"binary_data_size": xs.len() * 4},
-        }]});
-        let mut body = serde_json::to_vec(&header).expect("JSON");
-        let header_len = body.len();
-        for x in xs {
-            body.extend_from_slice(&x.to_le_bytes());
-        }
-        Encoded {
-            content_type: "application/octet-stream",
-            header_len: Some(header_len),
-            body: body.into(),
-        }
-    } else {
-        let v = serde_json::json!({"inputs": [{
-            "name": "input", "shape": [rows, FEATURES], "datatype": "FP32", "data": xs,
-        }]});
-        Encoded {
-            content_type: "application/json",
-            header_len: None,
-            body: serde_json::to_vec(&v).expect("JSON").into(),
-        }
-    }
-}
-
-fn infer_request(addr: SocketAddr, path: &str, e: &Encoded) -> hyper::Request<Full<Bytes>> {
-    let mut b = hyper::Request::post(path)
-        .header(HOST, addr.to_string())
-        .header(CONTENT_TYPE, e.content_type);
-    if let Some(n) = e.header_len {
-        b = b.header("inference-header-content-length", n);
-    }
-    b.body(Full::new(e.body.clone())).expect("a valid request")
-}
-
-fn infer_path(model: &str) -> String {
-    format!("/v2/models/{model}/infer")
-}
+// ---------------------------------------------------------------- HTTP checks
 
 /// Checks a V2 response holds `logits` with one row of 10 numbers.
 fn check_response(body: &[u8]) -> Result<()> {
@@ -620,11 +192,6 @@ fn check_response(body: &[u8]) -> Result<()> {
     Ok(())
 }
 
-fn body_text(body: &[u8]) -> String {
-    let s = String::from_utf8_lossy(body);
-    s.chars().take(300).collect()
-}
-
 /// JSON, or binary when asked for and the server accepts it.
 async fn choose_encoding(addr: SocketAddr, want_binary: bool) -> Result<(bool, Option<String>)> {
     let row = random_floats(FEATURES, 7);
@@ -634,7 +201,7 @@ async fn choose_encoding(addr: SocketAddr, want_binary: bool) -> Result<(bool, O
         let mut conn = connect(addr).await?;
         let (status, body) = send(
             &mut conn,
-            infer_request(addr, &path, &encode_request(&row, 1, true)),
+            infer_request(addr, &path, &encode_request("input", &row, 1, FEATURES, true)),
         )
         .await?;
         match (status, check_response(&body)) {
@@ -656,7 +223,7 @@ async fn choose_encoding(addr: SocketAddr, want_binary: bool) -> Result<(bool, O
     let mut conn = connect(addr).await?;
     let (status, body) = send(
         &mut conn,
-        infer_request(addr, &path, &encode_request(&row, 1, false)),
+        infer_request(addr, &path, &encode_request("input", &row, 1, FEATURES, false)),
     )
     .await?;
     if !(200..300).contains(&status) {
@@ -666,200 +233,27 @@ async fn choose_encoding(addr: SocketAddr, want_binary: bool) -> Result<(bool, O
     Ok((false, note))
 }
 
-// ---------------------------------------------------------------- metrics
-
-/// `(metric name, model label)` -> value, summed over the other labels.
-type Metrics = HashMap<(String, String), f64>;
-
-fn parse_metrics(text: &str) -> Metrics {
-    let mut m = Metrics::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((series, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let Ok(value) = value.parse::<f64>() else { continue };
-        let (name, labels) = series.split_once('{').unwrap_or((series, ""));
-        if !(name.ends_with("_sum") || name.ends_with("_count")) {
-            continue;
-        }
-        let Some(model) = labels
-            .split_once("model=\"")
-            .and_then(|(_, rest)| rest.split_once('"'))
-            .map(|(m, _)| m.to_string())
-        else {
-            continue;
-        };
-        *m.entry((name.to_string(), model)).or_default() += value;
-    }
-    m
-}
-
-/// The server's CPU time and metrics at one instant.
-struct Snapshot {
-    cpu: f64,
-    metrics: Metrics,
-}
-
-/// Which end of a measured window a snapshot is taken at: the CPU time is
-/// read on the window's side of the `/metrics` request, so rendering the
-/// metrics is never counted in the window.
-#[derive(Clone, Copy, PartialEq)]
-enum Edge {
-    Start,
-    End,
-}
-
-async fn snapshot(addr: SocketAddr, pid: u32, edge: Edge) -> Result<Snapshot> {
-    let mut cpu = if edge == Edge::End {
-        process_cpu_seconds(pid)?
-    } else {
-        0.0
-    };
-    let (status, body) = get(addr, "/metrics").await?;
-    if status != 200 {
-        bail!("/metrics answered {status}");
-    }
-    if edge == Edge::Start {
-        cpu = process_cpu_seconds(pid)?;
-    }
-    Ok(Snapshot {
-        cpu,
-        metrics: parse_metrics(&String::from_utf8_lossy(&body)),
-    })
-}
-
-impl Snapshot {
-    /// Mean of histogram `name` for `model` between `self` and `later` (None without observations).
-    fn mean_since(&self, later: &Snapshot, name: &str, model: &str) -> Option<f64> {
-        let v = |s: &Snapshot, suffix: &str| {
-            s.metrics
-                .get(&(format!("{name}_{suffix}"), model.to_string()))
-                .copied()
-                .unwrap_or(0.0)
-        };
-        let count = v(later, "count") - v(self, "count");
-        (count > 0.0).then(|| (v(later, "sum") - v(self, "sum")) / count)
-    }
-}
-
 // ---------------------------------------------------------------- 3. closed-loop load
 
-struct LoadPoint {
-    model: &'static str,
-    concurrency: usize,
-    items: u64,
-    errors: u64,
-    wall: f64,
-    p50: Duration,
-    p99: Duration,
-    server_cpu: f64,
-    /// CPU seconds of this process (the load client) in the window.
-    client_cpu: f64,
-    mean_batch: Option<f64>,
-    /// Mean seconds from a request's arrival to its batch's dispatch.
-    queue_delay: Option<f64>,
-}
-
-impl LoadPoint {
-    fn items_per_s(&self) -> f64 {
-        self.items as f64 / self.wall
-    }
-    fn cpu_per_1000(&self) -> Option<f64> {
-        (self.items > 0).then(|| self.server_cpu / self.items as f64 * 1000.0)
-    }
-}
-
-/// One client: requests back to back on its connection until `until`
-/// (reconnecting if the server closes it). Returns the latency of each
-/// successful request and the number of failed ones.
-async fn client(
-    addr: SocketAddr,
-    path: Arc<str>,
-    mut conn: Conn,
-    bodies: Arc<Vec<Encoded>>,
-    first: usize,
-    until: Instant,
-) -> Result<(Conn, Vec<Duration>, u64)> {
-    let mut lat = Vec::new();
-    let mut errors = 0;
-    let mut i = first;
-    while Instant::now() < until {
-        let req = infer_request(addr, &path, &bodies[i % bodies.len()]);
-        i += 1;
-        let t = Instant::now();
-        match send(&mut conn, req).await {
-            Ok((200..=299, _)) => lat.push(t.elapsed()),
-            Ok(_) => errors += 1,
-            Err(_) => {
-                errors += 1;
-                conn = connect(addr).await?;
-            }
-        }
-    }
-    Ok((conn, lat, errors))
-}
-
-/// Every connection runs a client until `until`; waits for all of them.
-async fn phase(
-    addr: SocketAddr,
-    path: &Arc<str>,
-    conns: Vec<Conn>,
-    bodies: &Arc<Vec<Encoded>>,
-    until: Instant,
-) -> Result<(Vec<Conn>, Vec<Duration>, u64)> {
-    let mut set = tokio::task::JoinSet::new();
-    let n = bodies.len();
-    for (i, conn) in conns.into_iter().enumerate() {
-        set.spawn(client(addr, path.clone(), conn, bodies.clone(), i * 7 % n, until));
-    }
-    let (mut conns, mut lat, mut errors) = (Vec::new(), Vec::new(), 0);
-    while let Some(r) = set.join_next().await {
-        let (c, l, e) = r??;
-        conns.push(c);
-        lat.extend(l);
-        errors += e;
-    }
-    Ok((conns, lat, errors))
-}
-
-async fn closed_loop(
+/// One load point on `model` (common::client::closed_loop), with its progress line.
+async fn load_point(
     server: &ServerProcess,
     model: &'static str,
     concurrency: usize,
     bodies: &Arc<Vec<Encoded>>,
     opts: &Opts,
 ) -> Result<LoadPoint> {
-    let addr = server.addr;
-    let path: Arc<str> = infer_path(model).into();
-    let mut conns = Vec::with_capacity(concurrency);
-    for _ in 0..concurrency {
-        conns.push(connect(addr).await?);
-    }
-    let (conns, _, _) = phase(addr, &path, conns, bodies, Instant::now() + opts.warmup).await?;
-    // Measured window: from here to the moment the last client's last
-    // request returned. Items are the requests answered in it.
-    let before = snapshot(addr, server.pid(), Edge::Start).await?;
-    let client_cpu0 = self_cpu_seconds();
-    let t0 = Instant::now();
-    let (conns, mut lat, errors) = phase(addr, &path, conns, bodies, t0 + opts.measured()).await?;
-    let wall = t0.elapsed().as_secs_f64();
-    let client_cpu = self_cpu_seconds() - client_cpu0;
-    let after = snapshot(addr, server.pid(), Edge::End).await?;
-    drop(conns);
-    lat.sort();
-    let p = LoadPoint {
+    let p = closed_loop(
+        server,
         model,
+        &[model],
         concurrency,
-        items: (lat.len() * opts.rows) as u64,
-        errors,
-        wall,
-        p50: percentile(&lat, 50.0),
-        p99: percentile(&lat, 99.0),
-        server_cpu: after.cpu - before.cpu,
-        client_cpu,
-        mean_batch: before.mean_since(&after, "sluice_batch_size", model),
-        queue_delay: before.mean_since(&after, "sluice_queue_delay_seconds", model),
-    };
+        opts.rows,
+        bodies,
+        opts.warmup,
+        opts.measured(),
+    )
+    .await?;
     eprintln!(
         "{model:<12} c={concurrency:<3}: {:>7.0} items/s, p50 {:.2} ms, p99 {:.2} ms, mean batch {}, {} errors",
         p.items_per_s(),
@@ -950,7 +344,15 @@ async fn serve_phases(server: &mut ServerProcess, opts: &Opts, started: Instant)
     let encode = |rows: usize| -> Arc<Vec<Encoded>> {
         Arc::new(
             (0..64)
-                .map(|i| encode_request(&random_floats(rows * FEATURES, 100 + i), rows, binary))
+                .map(|i| {
+                    encode_request(
+                        "input",
+                        &random_floats(rows * FEATURES, 100 + i),
+                        rows,
+                        FEATURES,
+                        binary,
+                    )
+                })
                 .collect(),
         )
     };
@@ -959,7 +361,7 @@ async fn serve_phases(server: &mut ServerProcess, opts: &Opts, started: Instant)
     let mut load = Vec::new();
     for model in ["mlp_batch", "mlp_nobatch"] {
         for &c in &opts.concurrency {
-            load.push(closed_loop(server, model, c, &bodies, opts).await?);
+            load.push(load_point(server, model, c, &bodies, opts).await?);
         }
     }
     let low = vec![
@@ -981,18 +383,6 @@ async fn serve_phases(server: &mut ServerProcess, opts: &Opts, started: Instant)
         load,
         low,
     })
-}
-
-fn fmt_opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
-    v.map_or_else(|| "–".into(), f)
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "yes"
-    } else {
-        "no"
-    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1078,7 +468,7 @@ fn report(
     );
     for p in &s.load {
         let near = nearest_raw(raw, p.mean_batch.unwrap_or(1.0));
-        let batching = if p.model == "mlp_batch" {
+        let batching = if p.label == "mlp_batch" {
             "on (32, 2 ms)"
         } else {
             "off"
@@ -1086,7 +476,7 @@ fn report(
         let _ = writeln!(
             o,
             "| {} | {batching} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {:.2} | {:.2} | {:.4} ({}) | {} | {} |",
-            p.model,
+            p.label,
             p.concurrency,
             p.items_per_s(),
             ms(p.p50),
@@ -1137,7 +527,7 @@ fn report(
     let _ = writeln!(o, "|---|---:|---:|---|");
     let at = |model: &str| {
         let c = opts.concurrency.iter().copied().max().unwrap_or(0);
-        s.load.iter().find(|p| p.model == model && p.concurrency == c)
+        s.load.iter().find(|p| p.label == model && p.concurrency == c)
     };
     if let Some(p) = at("mlp_batch") {
         if let Some(cpu) = p.cpu_per_1000() {
@@ -1203,7 +593,7 @@ fn report(
 fn main() -> Result<()> {
     // `cargo test --all-targets` (make test) runs harness = false benches too,
     // without `--bench`: do nothing there.
-    if !std::env::args().any(|a| a == "--bench") {
+    if !common::run_by_cargo_bench() {
         println!("benches/serving.rs: skipped (not run by `cargo bench`); run `cargo bench --bench serving`");
         return Ok(());
     }

@@ -13,6 +13,12 @@ Writes:
                              inputs + outputs computed with Python onnxruntime
   tests/fixtures/models/{dtypes,bf16,multi_io,fixed_batch,scalar_out,scalar_out_v2,broken,varlen,slow}/
                              small hand-built models for server edge cases
+  tests/fixtures/models/identity/
+                             FP32[N,16] -> the same, for the request-path bench
+                             (benches/request_path.rs): per-request cost, no compute
+
+Only some models: name them, e.g. `.venv/bin/python scripts/make_models.py identity`
+(names: the make_* functions without `make_`).
 
 Deterministic: fixed seeds, single-threaded BLAS / onnxruntime, explicit graph
 names, so running it twice gives byte-identical files (on the same machine and
@@ -494,22 +500,55 @@ def make_slow() -> None:
     print(f"slow: {rel(path)} ({path.stat().st_size} B) {describe(sess)}; runs: {', '.join(timings[1:])}")
 
 
+# Width of the `identity` model: small, so that a request costs its path through the
+# server (HTTP, JSON, batching, the session call) and not the copy of its data.
+IDENTITY_WIDTH = 16
+
+
+def make_identity() -> None:
+    """input FP32[N, 16] -> output = input (Identity): the request-path bench's model."""
+    g = helper.make_graph(
+        [helper.make_node("Identity", ["input"], ["output"], name="identity")],
+        "identity",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", IDENTITY_WIDTH])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", IDENTITY_WIDTH])],
+    )
+    path = save_model(TEST_MODELS / "identity", finish_model(g), {})
+    sess = session(path)
+    x = np.random.default_rng(4).random((3, IDENTITY_WIDTH), dtype=np.float32)
+    (y,) = sess.run(["output"], {"input": x})
+    if not np.array_equal(y, x):
+        sys.exit("make_models: error: identity model: output != input")
+    print(f"identity: {rel(path)} ({path.stat().st_size} B) {describe(sess)}")
+
+
 # --------------------------------------------------------------------------- main
 
 
+MAKERS = {
+    "digits": make_digits,
+    "mlp": make_mlp,
+    "dtypes": make_dtypes,
+    "bf16": make_bf16,
+    "multi_io": make_multi_io,
+    "fixed_batch": make_fixed_batch,
+    "scalar_out": make_scalar_out,
+    "scalar_out_v2": make_scalar_out_v2,
+    "broken": make_broken,
+    "varlen": make_varlen,
+    "slow": make_slow,
+    "identity": make_identity,
+}
+
+
 def main() -> None:
+    names = sys.argv[1:] or list(MAKERS)
+    unknown = [n for n in names if n not in MAKERS]
+    if unknown:
+        sys.exit(f"make_models: error: unknown model(s) {', '.join(unknown)}; known: {', '.join(MAKERS)}")
     print(f"onnx {onnx.__version__}, onnxruntime {ort.__version__}, numpy {np.__version__}")
-    make_digits()
-    make_mlp()
-    make_dtypes()
-    make_bf16()
-    make_multi_io()
-    make_fixed_batch()
-    make_scalar_out()
-    make_scalar_out_v2()
-    make_broken()
-    make_varlen()
-    make_slow()
+    for name in names:
+        MAKERS[name]()
 
 
 if __name__ == "__main__":
