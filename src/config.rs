@@ -15,6 +15,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::settings::{BatchPolicyKind, ExecutionProvider, ModelDefaults};
 
+mod telemetry;
+pub use telemetry::{TracingConfig, TracingExport};
+
 /// Read when no `--config` is given, if it exists (relative to the working directory).
 pub const DEFAULT_FILE: &str = "config/sluice.toml";
 
@@ -31,6 +34,7 @@ pub struct Config {
     pub shutdown: ShutdownConfig,
     pub log: LogConfig,
     pub auth: AuthConfig,
+    pub tracing: TracingConfig,
 }
 
 /// API keys (see `crate::access`). Unset: that scope needs no key.
@@ -412,6 +416,7 @@ impl Config {
             ));
         }
         self.validate_http(&mut errs);
+        self.tracing.validate(&mut errs);
         if !(1..=65536).contains(&self.grpc.max_outstanding_per_stream) {
             errs.push(format!(
                 "grpc.max_outstanding_per_stream must be 1..=65536, got {}",

@@ -4,7 +4,8 @@
 //! `main` → [`Server`] (wiring) → [`http`], [`grpc`] (translate only) → [`repository`]
 //! (scan, load, the registry) → [`model`] (a model's handle, settings,
 //! state) → [`batcher`] → [`pool`] (sessions on dedicated threads) →
-//! [`runtime`] (ONNX Runtime) → [`protocol`], [`tensor`], [`config`], [`error`].
+//! [`runtime`] (ONNX Runtime) → [`protocol`], [`tensor`], [`config`], [`error`], [`metrics`],
+//! [`telemetry`] (OpenTelemetry spans; off unless the binary installs an exporter).
 //!
 //! Data flow of one request: an HTTP handler (or a gRPC method) decodes it into a
 //! [`protocol::InferRequest`], takes the model's `Arc<ModelHandle>` from the
@@ -29,6 +30,7 @@ pub mod protocol;
 pub mod repository;
 pub mod runtime;
 pub mod shutdown;
+pub mod telemetry;
 pub mod tensor;
 
 use std::future::Future;
