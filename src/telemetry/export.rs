@@ -64,6 +64,7 @@ pub fn install(export: &TracingExport) -> Result<(Tracing, OtelLayer), String> {
         .with_tracer(tracer)
         .with_location(false)
         .with_threads(false)
+        .with_target(false)
         .with_tracked_inactivity(false)
         .with_filter(filter_fn(recorded));
     ENABLED.store(true, Ordering::Relaxed);

