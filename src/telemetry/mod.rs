@@ -168,3 +168,30 @@ pub fn batch_span<'a>(
     }
     span
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    /// Without an installed exporter nothing is recorded, even under a
+    /// subscriber that would take every span: no span, no parent, no link.
+    #[test]
+    fn off_unless_installed() {
+        assert!(!enabled(), "no unit test installs an exporter");
+        let subscriber = tracing_subscriber::registry().with(tracing_subscriber::fmt::layer().with_test_writer());
+        tracing::subscriber::with_default(subscriber, || {
+            let parent = Parent::extract(|k| {
+                (k == "traceparent").then_some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+            });
+            assert!(parent.0.is_none());
+            let span = request_span("v2", "digits", &parent);
+            assert!(span.is_none());
+            let _in = span.enter();
+            let (request, queue) = enqueued();
+            assert!(request.is_none() && queue.is_none());
+            assert!(batch_span("digits", "1", [(&request, 1)].into_iter()).is_none());
+            assert_eq!(encode(|| 7), 7);
+        });
+    }
+}
