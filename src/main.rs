@@ -174,7 +174,11 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
 /// Loads and checks the configuration, then starts logging as it says
 /// and, with `tracing` (`serve`), the OpenTelemetry exporter when the
 /// configuration or the `OTEL_*` environment names an endpoint.
-fn load_config(file: Option<&Path>, cli: &CliOverrides, tracing: bool) -> Result<(Config, Option<Tracing>), String> {
+fn load_config(
+    file: Option<&Path>,
+    cli: &CliOverrides,
+    tracing: bool,
+) -> Result<(Config, Option<Tracing>), String> {
     let cfg = Config::load(file, cli)?;
     cfg.validate()
         .map_err(|errs| format!("invalid configuration: {}", errs.join("; ")))?;

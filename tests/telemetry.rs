@@ -3,7 +3,8 @@
 //! which decodes each export with the official `opentelemetry-proto`), with
 //! the endpoint set only through `OTEL_EXPORTER_OTLP_ENDPOINT`. An HTTP V2
 //! infer carries a `traceparent` header, a gRPC ModelInfer the same in its
-//! metadata; the spans must continue those traces. Sluice is stopped with
+//! metadata; the spans must continue those traces, and a refused request's
+//! span must carry an error status. Sluice is stopped with
 //! SIGTERM before the spans are read: it flushes them on the way out, so the
 //! test waits for nothing but the process and the file.
 
@@ -26,6 +27,9 @@ const HTTP_PARENT: &str = "00f067aa0ba902b7";
 /// What the gRPC request sends in its metadata.
 const GRPC_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 const GRPC_PARENT: &str = "b7ad6b7169203331";
+/// What the refused HTTP request (a wrong shape) sends.
+const BAD_TRACE: &str = "5b8aa5a2d2c872e8321cf37308d69df2";
+const BAD_PARENT: &str = "051581bf3cb55c13";
 
 /// A child process killed (and reaped) when the test ends early.
 struct Reaped(Child);
@@ -100,7 +104,15 @@ fn start_sluice(repo: &Path, env: &[(&str, String)]) -> (Reaped, Lines, u16, u16
         cmd.env_remove(k);
     }
     cmd.envs(env.iter().map(|(k, v)| (k, v)))
-        .args(["serve", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0"])
+        .args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            "0",
+            "--grpc-port",
+            "0",
+        ])
         .arg("--model-repository")
         .arg(repo)
         .stdout(Stdio::null())
@@ -114,7 +126,12 @@ fn start_sluice(repo: &Path, env: &[(&str, String)]) -> (Reaped, Lines, u16, u16
             .split(&format!("{key}=127.0.0.1:"))
             .nth(1)
             .unwrap_or_else(|| panic!("no {key} address in {listening}"));
-        after.chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap()
+        after
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .unwrap()
     };
     let (http, grpc) = (port("http"), port("grpc"));
     (child, log, http, grpc)
@@ -148,7 +165,10 @@ async fn stop(child: &mut Reaped) -> std::process::ExitStatus {
         if let Some(status) = child.0.try_wait().unwrap() {
             return status;
         }
-        assert!(Instant::now() < deadline, "sluice still running 60 s after SIGTERM");
+        assert!(
+            Instant::now() < deadline,
+            "sluice still running 60 s after SIGTERM"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -173,7 +193,10 @@ fn wait_spans(out: &Path, ids: &[&str]) -> Vec<Value> {
         if ids.iter().all(|id| has(id)) {
             return spans;
         }
-        assert!(Instant::now() < deadline, "no infer span of {ids:?} in 30 s; got {spans:#?}");
+        assert!(
+            Instant::now() < deadline,
+            "no infer span of {ids:?} in 30 s; got {spans:#?}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -202,7 +225,9 @@ fn check_request(spans: &[Value], trace: &str, parent: &str, protocol: &str) {
     one(spans, trace, "queue", id);
     one(spans, trace, "encode", id);
 
-    let batch_id = attrs["sluice.batch.id"].as_str().unwrap_or_else(|| panic!("no batch id: {infer}"));
+    let batch_id = attrs["sluice.batch.id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no batch id: {infer}"));
     let link = json!({"trace_id": trace, "span_id": id});
     let batch = spans
         .iter()
@@ -211,7 +236,10 @@ fn check_request(spans: &[Value], trace: &str, parent: &str, protocol: &str) {
     assert!(batch["links"].as_array().unwrap().contains(&link), "{batch}");
     let b = &batch["attributes"];
     assert!(b["sluice.batch.size"].as_i64().is_some_and(|n| n >= 1), "{batch}");
-    assert!(b["sluice.batch.requests"].as_i64().is_some_and(|n| n >= 1), "{batch}");
+    assert!(
+        b["sluice.batch.requests"].as_i64().is_some_and(|n| n >= 1),
+        "{batch}"
+    );
     assert_eq!(b["sluice.model.name"], "digits", "{batch}");
     let back = json!({"trace_id": batch["trace_id"], "span_id": batch["span_id"]});
     assert!(infer["links"].as_array().unwrap().contains(&back), "{infer}");
@@ -224,10 +252,14 @@ async fn requests_continue_the_callers_trace_with_queue_batch_and_encode_spans()
     let (_receiver, otlp_port) = start_receiver(&out);
     let repo = repo_with(&["digits"]);
     let endpoint = format!("http://127.0.0.1:{otlp_port}");
-    let (mut sluice, mut log, http, grpc) = start_sluice(repo.path(), &[("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)]);
+    let (mut sluice, mut log, http, grpc) =
+        start_sluice(repo.path(), &[("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)]);
     log.wait_for("OpenTelemetry traces on");
     // No idle keep-alive connection left open while the server drains.
-    let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
     wait_ready(&client, http).await;
 
     let row = vec![0.5f32; 64];
@@ -246,20 +278,45 @@ async fn requests_continue_the_callers_trace_with_queue_batch_and_encode_spans()
         .connect()
         .await
         .unwrap();
+    let bad = json!({"inputs": [v2_input("input", "FP32", &[1, 3], json!([1.0, 2.0, 3.0]))]});
+    let r = client
+        .post(format!("http://127.0.0.1:{http}/v2/models/digits/infer"))
+        .header("traceparent", format!("00-{BAD_TRACE}-{BAD_PARENT}-01"))
+        .json(&bad)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+
     let mut grpc_client = GrpcInferenceServiceClient::new(channel);
     let mut req = tonic::Request::new(grpc::infer_request("digits", "input", &[1, 64], &row));
     let traceparent = format!("00-{GRPC_TRACE}-{GRPC_PARENT}-01");
-    req.metadata_mut().insert("traceparent", traceparent.parse().unwrap());
+    req.metadata_mut()
+        .insert("traceparent", traceparent.parse().unwrap());
     grpc_client.model_infer(req).await.unwrap();
     drop(grpc_client);
 
     let status = stop(&mut sluice).await;
     assert_eq!(status.code(), Some(0), "{}", log.seen.join("\n"));
-    let spans = wait_spans(&out, &[HTTP_TRACE, GRPC_TRACE]);
+    let spans = wait_spans(&out, &[HTTP_TRACE, GRPC_TRACE, BAD_TRACE]);
     check_request(&spans, HTTP_TRACE, HTTP_PARENT, "v2");
     check_request(&spans, GRPC_TRACE, GRPC_PARENT, "grpc");
+    // The refused request: an error status naming the kind, and no batch.
+    let refused = one(&spans, BAD_TRACE, "infer", BAD_PARENT);
+    assert_eq!(refused["status"]["code"], 2, "{refused}");
+    assert_eq!(refused["attributes"]["error.type"], "invalid_input", "{refused}");
+    assert!(
+        refused["attributes"].get("sluice.batch.id").is_none(),
+        "{refused}"
+    );
+    assert_eq!(
+        spans.iter().filter(|s| s["trace_id"] == BAD_TRACE).count(),
+        1,
+        "{spans:#?}"
+    );
     let services: BTreeMap<&str, usize> = spans.iter().fold(BTreeMap::new(), |mut m, s| {
-        *m.entry(s["resource"]["service.name"].as_str().unwrap_or("<none>")).or_default() += 1;
+        *m.entry(s["resource"]["service.name"].as_str().unwrap_or("<none>"))
+            .or_default() += 1;
         m
     });
     assert_eq!(services.keys().collect::<Vec<_>>(), [&"sluice"], "{services:?}");

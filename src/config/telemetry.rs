@@ -74,7 +74,10 @@ impl TracingConfig {
         if var("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
             return Ok(None);
         }
-        match var("OTEL_TRACES_EXPORTER").map(|v| v.to_ascii_lowercase()).as_deref() {
+        match var("OTEL_TRACES_EXPORTER")
+            .map(|v| v.to_ascii_lowercase())
+            .as_deref()
+        {
             Some("none") => return Ok(None),
             None | Some("otlp") => {}
             Some(other) => warnings.push(format!(
@@ -92,7 +95,10 @@ impl TracingConfig {
             return Ok(None);
         };
         check_url(&traces_url).map_err(|e| format!("{source}: {e}"))?;
-        for key in ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"] {
+        for key in [
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ] {
             if let Some(p) = var(key).filter(|p| p != "http/protobuf") {
                 warnings.push(format!(
                     "{key}={p} is not supported; sluice sends OTLP over HTTP with protobuf bodies (http/protobuf)"
@@ -100,9 +106,10 @@ impl TracingConfig {
             }
         }
         let from_attributes = var("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|attrs| {
-            attrs
-                .split(',')
-                .any(|kv| kv.split_once('=').is_some_and(|(k, _)| k.trim() == "service.name"))
+            attrs.split(',').any(|kv| {
+                kv.split_once('=')
+                    .is_some_and(|(k, _)| k.trim() == "service.name")
+            })
         });
         let service_name = match (self.service_name.clone(), var("OTEL_SERVICE_NAME")) {
             (Some(name), _) | (None, Some(name)) => Some(name),
@@ -183,7 +190,10 @@ mod tests {
             sample_ratio: Some(0.25),
         };
         let vars = env(&[
-            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://theirs:4318/v1/traces"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "http://theirs:4318/v1/traces",
+            ),
             ("OTEL_SERVICE_NAME", "theirs"),
         ]);
         let got = cfg.resolve(vars).unwrap().unwrap();
@@ -204,8 +214,14 @@ mod tests {
         };
         assert_eq!(name(&[on, ("OTEL_SERVICE_NAME", "svc")]).as_deref(), Some("svc"));
         // Left to the SDK, which reads it from the resource attributes.
-        assert_eq!(name(&[on, ("OTEL_RESOURCE_ATTRIBUTES", "team=a, service.name=r")]), None);
-        assert_eq!(name(&[on, ("OTEL_RESOURCE_ATTRIBUTES", "team=a")]).as_deref(), Some("sluice"));
+        assert_eq!(
+            name(&[on, ("OTEL_RESOURCE_ATTRIBUTES", "team=a, service.name=r")]),
+            None
+        );
+        assert_eq!(
+            name(&[on, ("OTEL_RESOURCE_ATTRIBUTES", "team=a")]).as_deref(),
+            Some("sluice")
+        );
     }
 
     #[test]
@@ -216,7 +232,10 @@ mod tests {
         };
         assert_eq!(cfg.resolve(env(&[("OTEL_SDK_DISABLED", "TRUE")])), Ok(None));
         assert_eq!(cfg.resolve(env(&[("OTEL_TRACES_EXPORTER", "none")])), Ok(None));
-        assert!(cfg.resolve(env(&[("OTEL_SDK_DISABLED", "false")])).unwrap().is_some());
+        assert!(cfg
+            .resolve(env(&[("OTEL_SDK_DISABLED", "false")]))
+            .unwrap()
+            .is_some());
     }
 
     #[test]
@@ -228,10 +247,16 @@ mod tests {
         ]);
         let got = TracingConfig::default().resolve(vars).unwrap().unwrap();
         assert_eq!(got.warnings.len(), 2, "{:?}", got.warnings);
-        assert!(got.warnings.iter().any(|w| w.contains("OTEL_EXPORTER_OTLP_PROTOCOL=grpc")));
+        assert!(got
+            .warnings
+            .iter()
+            .any(|w| w.contains("OTEL_EXPORTER_OTLP_PROTOCOL=grpc")));
         let bad = env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318")]);
         let err = TracingConfig::default().resolve(bad).unwrap_err();
-        assert!(err.contains("OTEL_EXPORTER_OTLP_ENDPOINT") && err.contains("http://"), "{err}");
+        assert!(
+            err.contains("OTEL_EXPORTER_OTLP_ENDPOINT") && err.contains("http://"),
+            "{err}"
+        );
     }
 
     #[test]

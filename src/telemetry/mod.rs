@@ -70,7 +70,10 @@ impl Parent {
                 self.0.iter().map(|(k, _)| *k).collect()
             }
         }
-        let headers = W3c([("traceparent", get("traceparent")), ("tracestate", get("tracestate"))]);
+        let headers = W3c([
+            ("traceparent", get("traceparent")),
+            ("tracestate", get("tracestate")),
+        ]);
         let cx = TraceContextPropagator::new().extract(&headers);
         Parent(cx.span().span_context().is_valid().then_some(cx))
     }
@@ -133,6 +136,10 @@ pub fn enqueued() -> (Span, Span) {
         return (Span::none(), Span::none());
     }
     let request = Span::current();
+    if request.is_none() {
+        // Not a request (nothing to continue): no root `queue` span either.
+        return (Span::none(), Span::none());
+    }
     let queue = tracing::info_span!(target: TARGET, parent: &request, "queue");
     (request, queue)
 }
@@ -179,7 +186,8 @@ mod tests {
     #[test]
     fn off_unless_installed() {
         assert!(!enabled(), "no unit test installs an exporter");
-        let subscriber = tracing_subscriber::registry().with(tracing_subscriber::fmt::layer().with_test_writer());
+        let subscriber =
+            tracing_subscriber::registry().with(tracing_subscriber::fmt::layer().with_test_writer());
         tracing::subscriber::with_default(subscriber, || {
             let parent = Parent::extract(|k| {
                 (k == "traceparent").then_some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
