@@ -29,8 +29,8 @@ use anyhow::{anyhow, Result};
 use bytes::Bytes;
 use serde_json::{json, Value};
 use sluice::config::Config;
-use sluice::model::settings::{ModelDefaults, ModelSettings};
-use sluice::runtime::onnx::{find_library, OnnxRuntime};
+use sluice::settings::{ModelDefaults, ModelSettings};
+use sluice::runtime::onnx::{find_library, OnnxRuntime, SessionDefaults};
 use sluice::runtime::{Runtime, Session};
 use sluice::tensor::{Tensor, TensorData};
 use tracing_subscriber::layer::{Context as LayerContext, SubscriberExt};
@@ -496,7 +496,7 @@ fn main() -> Result<()> {
     );
     let cfg = Config::default();
     let lib = find_library(None).map_err(|e| anyhow!("{e}"))?;
-    let runtime = Arc::new(OnnxRuntime::init(&lib, cfg.session_defaults())?);
+    let runtime = Arc::new(OnnxRuntime::init(&lib, SessionDefaults::from_config(&cfg))?);
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let loadavg = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load_before = loadavg();
@@ -550,7 +550,7 @@ fn report(configs: &[(String, String, bool)], results: &[Vec<Point>]) -> Result<
                 "{m} (max_padding_ratio {}, max_batch_tokens {})",
                 v["max_padding_ratio"]
                     .as_f64()
-                    .unwrap_or(sluice::model::settings::DEFAULT_MAX_PADDING_RATIO),
+                    .unwrap_or(sluice::settings::DEFAULT_MAX_PADDING_RATIO),
                 v["max_batch_tokens"]
             ),
             false => format!("{m} (padding off)"),

@@ -15,8 +15,8 @@ use std::path::Path;
 use std::process::Command;
 
 use sluice::config::Config;
-use sluice::model::settings::{ModelDefaults, ModelSettings};
-use sluice::runtime::onnx::{find_library, OnnxRuntime};
+use sluice::settings::{ModelDefaults, ModelSettings};
+use sluice::runtime::onnx::{find_library, OnnxRuntime, SessionDefaults};
 use sluice::runtime::Runtime;
 
 fn rss_kib() -> u64 {
@@ -26,7 +26,7 @@ fn rss_kib() -> u64 {
 }
 
 fn one(model: &Path, instances: usize, share: bool) {
-    let mut defaults = Config::default().session_defaults();
+    let mut defaults = SessionDefaults::from_config(&Config::default());
     defaults.share_weights = share;
     let rt = OnnxRuntime::init(&find_library(None).expect("ONNX Runtime"), defaults).expect("init");
     let settings = ModelSettings::parse(

@@ -9,20 +9,9 @@
 //! metadata). Health and `/metrics` stay open for probes and Prometheus.
 //! Keys are compared in constant time and never logged.
 
-use serde::{Deserialize, Serialize};
-
+pub use crate::config::ControlMode;
+use crate::config::Config;
 use crate::error::Error;
-
-/// Whether the repository API may load and unload models.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ControlMode {
-    /// Refused (403): models change only through the repository's files.
-    #[default]
-    None,
-    /// Allowed (with `auth.control_api_key`, when set).
-    Api,
-}
 
 /// What a request asks to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +41,16 @@ impl std::fmt::Debug for Access {
 }
 
 impl Access {
+    /// The rules set by `model_repository.control` and `[auth]` (an empty key is no key).
+    pub fn from_config(cfg: &Config) -> Access {
+        let key = |k: &Option<String>| k.clone().filter(|k| !k.is_empty());
+        Access {
+            control: cfg.model_repository.control,
+            inference_key: key(&cfg.auth.inference_api_key),
+            control_key: key(&cfg.auth.control_api_key),
+        }
+    }
+
     /// Checks a request of `scope` that presented `key` (from
     /// [`presented_key`]); the error says what is missing, never the key.
     pub fn check(&self, scope: Scope, key: Option<&str>) -> Result<(), Error> {

@@ -27,6 +27,14 @@ pub struct ByteBudget {
 pub struct Reservation(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
 
 impl ByteBudget {
+    /// The budget `http.max_inflight_bytes` sets (0: [`default_total`]).
+    pub fn from_config(cfg: &crate::config::Config) -> ByteBudget {
+        ByteBudget::new(match cfg.http.max_inflight_bytes {
+            0 => default_total(),
+            n => n,
+        })
+    }
+
     pub fn new(total: usize) -> ByteBudget {
         let total = total.clamp(1, Semaphore::MAX_PERMITS);
         ByteBudget {

@@ -13,9 +13,14 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
-use crate::model::settings::{BatchPolicyKind, ExecutionProvider, ModelDefaults};
+use crate::settings::{BatchPolicyKind, ExecutionProvider, ModelDefaults};
 
+mod network;
+mod repository;
 mod telemetry;
+
+pub use network::{AuthConfig, GrpcConfig, HttpConfig, HttpLimits};
+pub use repository::{ControlMode, RepositoryConfig, WatchMode};
 pub use telemetry::{TracingConfig, TracingExport};
 
 /// Read when no `--config` is given, if it exists (relative to the working directory).
@@ -35,27 +40,6 @@ pub struct Config {
     pub log: LogConfig,
     pub auth: AuthConfig,
     pub tracing: TracingConfig,
-}
-
-/// API keys (see `crate::access`). Unset: that scope needs no key.
-#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AuthConfig {
-    /// Key for every model endpoint (infer, predict, metadata, config, stats, index).
-    pub inference_api_key: Option<String>,
-    /// Key for repository load and unload (with `model_repository.control = "api"`).
-    pub control_api_key: Option<String>,
-}
-
-impl std::fmt::Debug for AuthConfig {
-    /// Never prints the keys (the effective configuration is logged).
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let shown = |k: &Option<String>| k.as_ref().map(|_| "<set>");
-        f.debug_struct("AuthConfig")
-            .field("inference_api_key", &shown(&self.inference_api_key))
-            .field("control_api_key", &shown(&self.control_api_key))
-            .finish()
-    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -92,66 +76,6 @@ impl Default for PoolConfig {
             gpu_concurrent_batches: 2,
         }
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HttpConfig {
-    pub host: IpAddr,
-    pub port: u16,
-    pub max_body_bytes: usize,
-    /// Seconds a client has to send a request's line and headers (from
-    /// the connection's accept, or from the first byte of a later request).
-    pub header_read_timeout_seconds: f64,
-    /// Seconds a client has to send a request's body, from its headers.
-    pub body_read_timeout_seconds: f64,
-    /// Seconds an idle keep-alive connection stays open between requests.
-    pub keep_alive_timeout_seconds: f64,
-    /// Most open HTTP connections (capped by the open-file limit).
-    pub max_connections: usize,
-    /// Largest request line and headers, in bytes.
-    pub max_header_bytes: usize,
-    /// Most bytes that accepted requests (HTTP and gRPC) may hold at once;
-    /// 0 = a quarter of the memory the process may use.
-    pub max_inflight_bytes: usize,
-}
-
-/// The HTTP port's limits, validated and typed (from [`HttpConfig`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct HttpLimits {
-    pub header_read_timeout: Duration,
-    pub body_read_timeout: Duration,
-    pub keep_alive_timeout: Duration,
-    pub max_connections: usize,
-    pub max_header_bytes: usize,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct GrpcConfig {
-    pub port: u16,
-    /// Largest gRPC message accepted or sent, in bytes.
-    pub max_message_bytes: usize,
-    /// Requests of one `ModelStreamInfer` stream being run or answered at once;
-    /// the stream's next message is read only when one finishes.
-    pub max_outstanding_per_stream: usize,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RepositoryConfig {
-    pub path: PathBuf,
-    /// Serve `path` itself as this one model (KServe's `/mnt/models` layout).
-    pub model_name: Option<String>,
-    /// Whether the repository API may load and unload models.
-    pub control: crate::access::ControlMode,
-    /// How changes are noticed: `events`, `poll`, or `off`.
-    pub watch: crate::repository::watcher::WatchMode,
-    /// Seconds between polls when `watch = "poll"`, or while the event watch
-    /// is lost (then also the first backoff of its retries).
-    pub poll_interval_seconds: f64,
-    /// Seconds of quiet that end a burst of changes (one rescan per burst).
-    pub debounce_seconds: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -195,45 +119,6 @@ pub struct ShutdownConfig {
     pub grace_period_seconds: f64,
 }
 
-impl Default for HttpConfig {
-    fn default() -> Self {
-        HttpConfig {
-            host: IpAddr::from([0, 0, 0, 0]),
-            port: 8080,
-            max_body_bytes: 64 << 20,
-            header_read_timeout_seconds: 10.0,
-            body_read_timeout_seconds: 60.0,
-            keep_alive_timeout_seconds: 75.0,
-            max_connections: 10_000,
-            max_header_bytes: 64 << 10,
-            max_inflight_bytes: 0,
-        }
-    }
-}
-
-impl Default for GrpcConfig {
-    fn default() -> Self {
-        GrpcConfig {
-            port: 8081,
-            max_message_bytes: 64 << 20,
-            max_outstanding_per_stream: 64,
-        }
-    }
-}
-
-impl Default for RepositoryConfig {
-    fn default() -> Self {
-        RepositoryConfig {
-            path: PathBuf::from("model-repository"),
-            model_name: None,
-            control: crate::access::ControlMode::None,
-            watch: crate::repository::watcher::WatchMode::Events,
-            poll_interval_seconds: 2.0,
-            debounce_seconds: 0.25,
-        }
-    }
-}
-
 impl Default for ModelDefaultsConfig {
     fn default() -> Self {
         let d = ModelDefaults::default();
@@ -272,24 +157,6 @@ pub struct CliOverrides {
 }
 
 impl Config {
-    /// The server-wide budget of bytes held by accepted requests.
-    pub fn budget(&self) -> crate::budget::ByteBudget {
-        crate::budget::ByteBudget::new(match self.http.max_inflight_bytes {
-            0 => crate::budget::default_total(),
-            n => n,
-        })
-    }
-
-    /// The access rules of the HTTP and gRPC ports.
-    pub fn access(&self) -> crate::access::Access {
-        let key = |k: &Option<String>| k.clone().filter(|k| !k.is_empty());
-        crate::access::Access {
-            control: self.model_repository.control,
-            inference_key: key(&self.auth.inference_api_key),
-            control_key: key(&self.auth.control_api_key),
-        }
-    }
-
     /// Layers defaults, the config file, `SLUICE_*` variables and CLI flags.
     ///
     /// `file`: an explicit `--config` (must exist) or `None` for
@@ -391,31 +258,14 @@ impl Config {
                 self.pool.cpu_concurrent_batches, self.pool.gpu_concurrent_batches
             ));
         }
-        let r = &self.model_repository;
-        if !(r.poll_interval_seconds.is_finite() && (0.05..=3600.0).contains(&r.poll_interval_seconds)) {
-            errs.push(format!(
-                "model_repository.poll_interval_seconds must be 0.05..=3600, got {}",
-                r.poll_interval_seconds
-            ));
-        }
-        if let Some(name) = &r.model_name {
-            if let Err(e) = crate::model::settings::validate_model_name(name) {
-                errs.push(format!("model_repository.model_name (--model-name): {e}"));
-            }
-        }
-        if !(r.debounce_seconds.is_finite() && (0.0..=60.0).contains(&r.debounce_seconds)) {
-            errs.push(format!(
-                "model_repository.debounce_seconds must be 0..=60, got {}",
-                r.debounce_seconds
-            ));
-        }
+        self.model_repository.validate(&mut errs);
         if self.http.max_body_bytes < 1024 {
             errs.push(format!(
                 "http.max_body_bytes must be at least 1024, got {}",
                 self.http.max_body_bytes
             ));
         }
-        self.validate_http(&mut errs);
+        self.http.validate(&mut errs);
         self.tracing.validate(&mut errs);
         if !(1..=65536).contains(&self.grpc.max_outstanding_per_stream) {
             errs.push(format!(
@@ -440,43 +290,9 @@ impl Config {
         }
     }
 
-    /// The `[http]` limits' problems (timeouts, connections, header size).
-    fn validate_http(&self, errs: &mut Vec<String>) {
-        let h = &self.http;
-        for (key, secs) in [
-            ("header_read_timeout_seconds", h.header_read_timeout_seconds),
-            ("body_read_timeout_seconds", h.body_read_timeout_seconds),
-            ("keep_alive_timeout_seconds", h.keep_alive_timeout_seconds),
-        ] {
-            if !(secs.is_finite() && secs > 0.0 && secs <= 86400.0) {
-                errs.push(format!("http.{key} must be > 0 and <= 86400 seconds, got {secs}"));
-            }
-        }
-        if !(1..=1_000_000).contains(&h.max_connections) {
-            errs.push(format!(
-                "http.max_connections must be 1..=1000000, got {}",
-                h.max_connections
-            ));
-        }
-        // hyper's smallest read buffer is 8 KiB.
-        if !(8192..=(16 << 20)).contains(&h.max_header_bytes) {
-            errs.push(format!(
-                "http.max_header_bytes must be 8192..=16777216, got {}",
-                h.max_header_bytes
-            ));
-        }
-    }
-
     /// The validated HTTP limits. Call after [`Config::validate`].
     pub fn http_limits(&self) -> HttpLimits {
-        let h = &self.http;
-        HttpLimits {
-            header_read_timeout: Duration::from_secs_f64(h.header_read_timeout_seconds),
-            body_read_timeout: Duration::from_secs_f64(h.body_read_timeout_seconds),
-            keep_alive_timeout: Duration::from_secs_f64(h.keep_alive_timeout_seconds),
-            max_connections: h.max_connections,
-            max_header_bytes: h.max_header_bytes,
-        }
+        self.http.limits()
     }
 
     /// The validated per-model defaults. Call after [`Config::validate`].
@@ -510,15 +326,6 @@ impl Config {
     /// run at once, so concurrently running sessions never oversubscribe.
     pub fn default_intra_op_threads(&self) -> usize {
         (cores() / self.cpu_concurrent_batches()).max(1)
-    }
-
-    /// Session options for models that do not override them.
-    pub fn session_defaults(&self) -> crate::runtime::onnx::SessionDefaults {
-        crate::runtime::onnx::SessionDefaults {
-            intra_op_threads: self.default_intra_op_threads(),
-            spinning: self.runtime.intra_op_spinning,
-            share_weights: self.runtime.share_weights,
-        }
     }
 
     pub fn grace_period(&self) -> Duration {

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use prost::Message;
 use serde_json::{json, Value};
 
-use crate::model::settings::{ModelDefaults, ModelSettings};
+use crate::settings::{ModelDefaults, ModelSettings};
 use crate::protocol::grpc::inference::{self, ModelInferRequest, ModelInferResponse};
 use crate::protocol::model_config::{DynamicBatching, ModelConfig, QueuePolicy};
 use crate::protocol::v2::{InferenceResponse, JsonResponse};

@@ -1,11 +1,14 @@
 //! sluice: a multi-model ONNX inference server.
 //!
-//! Layers, top to bottom (each uses only those below it):
+//! Layers, top to bottom (each uses only those below it; `tests/layering.rs`
+//! checks every `crate::` path against this order):
 //! `main` → [`Server`] (wiring) → [`http`], [`grpc`] (translate only) → [`repository`]
-//! (scan, load, the registry) → [`model`] (a model's handle, settings,
-//! state) → [`batcher`] → [`pool`] (sessions on dedicated threads) →
-//! [`runtime`] (ONNX Runtime) → [`protocol`], [`tensor`], [`config`], [`error`], [`metrics`],
-//! [`telemetry`] (OpenTelemetry spans; off unless the binary installs an exporter).
+//! (scan, load, the registry) → [`model`] (a model's handle and state) →
+//! [`batcher`] (queues, batch formation, statistics) → [`pool`] (sessions on
+//! dedicated threads) → [`runtime`] (ONNX Runtime) → [`metrics`], [`budget`],
+//! [`access`], [`shutdown`], [`telemetry`] (OpenTelemetry spans; off unless
+//! the binary installs an exporter) → [`config`] → [`settings`] (a model's
+//! `model-settings.json`), [`protocol`] → [`tensor`] → [`error`].
 //!
 //! Data flow of one request: an HTTP handler (or a gRPC method) decodes it into a
 //! [`protocol::InferRequest`], takes the model's `Arc<ModelHandle>` from the
@@ -29,6 +32,7 @@ pub mod pool;
 pub mod protocol;
 pub mod repository;
 pub mod runtime;
+pub mod settings;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tensor;
@@ -57,6 +61,9 @@ pub struct Server {
     /// Rescan signals for the repository task; dropped (stopping the
     /// watcher) when the server stops.
     watcher: Option<repository::watcher::RepoWatcher>,
+    /// The session pool, whose running batches are cancelled when the grace
+    /// period is over.
+    pool: Arc<pool::Pool>,
 }
 
 impl Server {
@@ -86,7 +93,7 @@ impl Server {
             repo.model_name.clone(),
             config.model_defaults(),
             runtime,
-            pool,
+            pool.clone(),
         );
         // Watcher → repository task: "something changed, rescan".
         let (rescan_tx, rescan_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -106,8 +113,8 @@ impl Server {
             ready: Arc::new(AtomicBool::new(false)),
             stopping: Arc::new(AtomicBool::new(false)),
             max_body_bytes: config.http.max_body_bytes,
-            access: config.access(),
-            budget: config.budget(),
+            access: access::Access::from_config(&config),
+            budget: budget::ByteBudget::from_config(&config),
         };
         Ok(Server {
             config,
@@ -116,6 +123,7 @@ impl Server {
             state,
             loaded,
             watcher,
+            pool,
         })
     }
 
@@ -146,6 +154,7 @@ impl Server {
             state,
             loaded,
             watcher,
+            pool,
         } = self;
         tracing::info!(
             http = %listener.local_addr()?,
@@ -166,7 +175,7 @@ impl Server {
             ready: state.ready.clone(),
             max_message_bytes: config.grpc.max_message_bytes,
             max_outstanding_per_stream: config.grpc.max_outstanding_per_stream,
-            access: config.access(),
+            access: access::Access::from_config(&config),
             budget: state.budget.clone(),
         };
         let mut graceful = stop_rx.clone();
@@ -199,10 +208,30 @@ impl Server {
                 Ok(())
             }
         };
+        cancel_runs(&pool).await;
         drop(upkeep);
         drop(watcher);
         tracing::info!("sluice stopped");
         result
+    }
+}
+
+/// Cancels the batches still running in ONNX Runtime (after the grace
+/// period, or a server error) and waits for their sessions to stop, so no
+/// run is inside the library as the process exits.
+async fn cancel_runs(pool: &pool::Pool) {
+    /// How long cancelled runs get to stop (ONNX Runtime checks the flag
+    /// between nodes, so only one long node can hold it up).
+    const STOP_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+    let running = pool.runs().cancel_all();
+    if running == 0 {
+        return;
+    }
+    tracing::warn!(running, "cancelling the batches still running");
+    if pool.runs().wait_idle(STOP_LIMIT).await {
+        tracing::info!(running, "the cancelled batches stopped");
+    } else {
+        tracing::error!(limit = ?STOP_LIMIT, "batches still running after being cancelled; exiting anyway");
     }
 }
 
@@ -232,6 +261,7 @@ fn spawn_lifecycle(
     tokio::spawn({
         let ready = state.ready.clone();
         let stopping = state.stopping.clone();
+        let registry = state.registry.clone();
         async move {
             shutdown.await;
             // Readiness turns false before anything else, so load
@@ -239,6 +269,12 @@ fn spawn_lifecycle(
             ready.store(false, Ordering::Release);
             stopping.store(true, Ordering::Release);
             let _ = stop_tx.send(true);
+            // No new request will join a batch that waits to fill (a
+            // `fixed` policy's `max_batch_time`): every batcher runs what
+            // it holds as soon as a session is free.
+            for handle in registry.list().into_iter().filter_map(|m| m.handle) {
+                handle.batcher().retire();
+            }
         }
     });
     stop_rx

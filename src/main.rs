@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 use sluice::config::{CliOverrides, Config};
-use sluice::runtime::onnx::{find_library, OnnxRuntime};
+use sluice::runtime::onnx::{find_library, OnnxRuntime, SessionDefaults};
 use sluice::runtime::Runtime;
 use sluice::telemetry::export::{OtelLayer, Tracing};
 
@@ -205,7 +205,7 @@ fn load_config(
 
 fn runtime(cfg: &Config) -> Result<OnnxRuntime, String> {
     let lib = find_library(cfg.runtime.onnxruntime_library.as_deref()).map_err(|e| e.to_string())?;
-    let rt = OnnxRuntime::init(&lib, cfg.session_defaults()).map_err(|e| e.to_string())?;
+    let rt = OnnxRuntime::init(&lib, SessionDefaults::from_config(cfg)).map_err(|e| e.to_string())?;
     tracing::info!(library = %lib.display(), "ONNX Runtime loaded");
     Ok(rt)
 }

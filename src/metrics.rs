@@ -196,7 +196,9 @@ pub fn model_memory(model: &str, device: &str, bytes: u64) {
     gauge!(MODEL_MEMORY, "model" => model.to_string(), "device" => device.to_string()).set(bytes as f64);
 }
 
-/// A load or reload finished (`result`: `loaded`, `failed`, `rolled_back`, `unloaded`, ...).
+/// A load or reload finished (`result`: `loaded`, `reloaded` (a new version
+/// swapped in), `updated` (new settings in place), `failed` (the last good
+/// version, if any, keeps serving) or `unloaded`).
 pub fn model_reload(model: &str, result: &'static str) {
     counter!(MODEL_RELOADS, "model" => model.to_string(), "result" => result).increment(1);
 }

@@ -10,7 +10,7 @@ mod common;
 use common::grpc::{client, infer_request};
 use common::*;
 use serde_json::json;
-use sluice::access::ControlMode;
+use sluice::config::ControlMode;
 use sluice::protocol::grpc::inference::RepositoryModelLoadRequest;
 use tonic::Code;
 

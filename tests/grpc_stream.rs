@@ -55,7 +55,7 @@ async fn an_unread_stream_is_held_to_its_outstanding_bound_then_answers_everythi
     );
 
     // Reading now: every answer comes, each with its own id and y = 2x.
-    let mut seen = vec![false; SENT];
+    let mut seen = [false; SENT];
     while let Some(a) = answers.next().await {
         let a = a.unwrap();
         assert_eq!(a.error_message, "");

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::reload::*;
 use common::*;
 use serde_json::json;
-use sluice::repository::watcher::WatchMode;
+use sluice::config::WatchMode;
 
 /// Longer than several debounce periods (0.25 s by default): after a
 /// change's reload, this long without another shows the change was one.

@@ -86,7 +86,7 @@ async fn bare_folder_loaded_and_unloaded_by_the_multi_model_agent() {
     let repo = tempfile::tempdir().unwrap();
     // The agent's folders appear while the server runs, then it calls load.
     let s = TestServer::start_with(repo.path(), |c| {
-        c.model_repository.watch = sluice::repository::watcher::WatchMode::Off;
+        c.model_repository.watch = sluice::config::WatchMode::Off;
     })
     .await;
     assert!(s.index().await.is_empty());

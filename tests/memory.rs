@@ -39,7 +39,7 @@ async fn each_version_reports_its_weights_and_resident_memory_everywhere() {
     // its prepacked form), and not absurdly more for a 7 MiB model.
     let host = memory["host_bytes"].as_u64().unwrap();
     assert!(
-        host >= MLP_WEIGHTS / 2 && host < 64 * MLP_WEIGHTS,
+        (MLP_WEIGHTS / 2..64 * MLP_WEIGHTS).contains(&host),
         "host_bytes {host} for {MLP_WEIGHTS} bytes of weights"
     );
 

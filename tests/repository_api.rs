@@ -9,7 +9,7 @@ use std::path::Path;
 use common::reload::*;
 use common::*;
 use serde_json::json;
-use sluice::repository::watcher::WatchMode;
+use sluice::config::WatchMode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// `POST {path}` sent byte for byte (an HTTP client would normalize `..`

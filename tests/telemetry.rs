@@ -9,12 +9,13 @@
 //! test waits for nothing but the process and the file.
 
 mod common;
+use common::process::{sluice, spawn_serve, wait_ready, Lines, Reaped};
 use common::*;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -31,124 +32,54 @@ const GRPC_PARENT: &str = "b7ad6b7169203331";
 const BAD_TRACE: &str = "5b8aa5a2d2c872e8321cf37308d69df2";
 const BAD_PARENT: &str = "051581bf3cb55c13";
 
-/// A child process killed (and reaped) when the test ends early.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-/// Lines of a child's pipe, read on a thread; `wait_for` has a deadline.
-struct Lines {
-    rx: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Lines {
-    fn new(pipe: impl std::io::Read + Send + 'static) -> Lines {
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Lines { rx, seen: Vec::new() }
-    }
-
-    /// The first line containing `needle`, waiting at most 60 s for it.
-    fn wait_for(&mut self, needle: &str) -> String {
-        if let Some(l) = self.seen.iter().find(|l| l.contains(needle)) {
-            return l.clone();
-        }
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            let Ok(l) = self.rx.recv_timeout(left) else { break };
-            self.seen.push(l.clone());
-            if l.contains(needle) {
-                return l;
-            }
-        }
-        panic!("no line with {needle:?}; so far:\n{}", self.seen.join("\n"));
-    }
-}
-
-/// The OTLP receiver: its process, its port and the file of spans it writes.
+/// The OTLP receiver: its process and its port (from its `port N` line,
+/// waited for at most 60 s).
 fn start_receiver(out: &Path) -> (Reaped, u16) {
-    let mut child = Command::new(python())
-        .arg(root().join("tests/clients/otlp_receiver.py"))
-        .arg(out)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("cannot start the OTLP receiver");
-    let mut lines = Lines::new(child.stdout.take().unwrap());
-    let child = Reaped(child);
-    let line = lines.wait_for("port ");
-    let port = line["port ".len()..].trim().parse().unwrap();
-    (child, port)
+    let mut child = Reaped(
+        Command::new(python())
+            .arg(root().join("tests/clients/otlp_receiver.py"))
+            .arg(out)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("cannot start the OTLP receiver"),
+    );
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the OTLP receiver did not start");
+    let port = line.strip_prefix("port ").and_then(|p| p.trim().parse().ok());
+    (child, port.unwrap_or_else(|| panic!("not a port line: {line:?}")))
 }
 
 /// `sluice serve` on 127.0.0.1 ports 0 with `env` added to an environment
 /// without RUST_LOG, SLUICE_* or OTEL_*: the process, its stderr lines, and
 /// its HTTP and gRPC ports.
 fn start_sluice(repo: &Path, env: &[(&str, String)]) -> (Reaped, Lines, u16, u16) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    cmd.current_dir(root()).env_remove("RUST_LOG");
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("SLUICE_") || k.starts_with("OTEL_")) {
+    let mut cmd = sluice();
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("OTEL_")) {
         cmd.env_remove(k);
     }
-    cmd.envs(env.iter().map(|(k, v)| (k, v)))
-        .args([
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--http-port",
-            "0",
-            "--grpc-port",
-            "0",
-        ])
-        .arg("--model-repository")
-        .arg(repo)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let mut log = Lines::new(child.stderr.take().unwrap());
-    let child = Reaped(child);
-    let listening = log.wait_for("sluice listening");
-    let port = |key: &str| -> u16 {
-        let after = listening
-            .split(&format!("{key}=127.0.0.1:"))
-            .nth(1)
-            .unwrap_or_else(|| panic!("no {key} address in {listening}"));
-        after
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect::<String>()
-            .parse()
-            .unwrap()
-    };
-    let (http, grpc) = (port("http"), port("grpc"));
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
+    let (child, mut log, http) = spawn_serve(cmd, &["--model-repository".as_ref(), repo.as_os_str()]);
+    let listening = log.wait_for(&["sluice listening"], Duration::ZERO);
+    let grpc = listening
+        .split("grpc=127.0.0.1:")
+        .nth(1)
+        .and_then(|p| {
+            p.chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no gRPC address in {listening}"));
     (child, log, http, grpc)
-}
-
-/// Waits until `GET /v2/health/ready` answers 200 (at most 60 s).
-async fn wait_ready(client: &reqwest::Client, port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let url = format!("http://127.0.0.1:{port}/v2/health/ready");
-        let r = client.get(url).send().await;
-        if r.as_ref().is_ok_and(|r| r.status() == 200) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "not ready in 60 s: {r:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// SIGTERM, then the exit status (at most 60 s). Waits asynchronously: the
@@ -156,13 +87,13 @@ async fn wait_ready(client: &reqwest::Client, port: u16) {
 /// server's GOAWAY and close, or the drain waits for it.
 async fn stop(child: &mut Reaped) -> std::process::ExitStatus {
     let kill = Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
+        .args(["-TERM", &child.id().to_string()])
         .status()
         .unwrap();
     assert!(kill.success());
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if let Some(status) = child.0.try_wait().unwrap() {
+        if let Some(status) = child.try_wait().unwrap() {
             return status;
         }
         assert!(
@@ -254,7 +185,7 @@ async fn requests_continue_the_callers_trace_with_queue_batch_and_encode_spans()
     let endpoint = format!("http://127.0.0.1:{otlp_port}");
     let (mut sluice, mut log, http, grpc) =
         start_sluice(repo.path(), &[("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)]);
-    log.wait_for("OpenTelemetry traces on");
+    log.wait_for(&["OpenTelemetry traces on"], Duration::ZERO);
     // No idle keep-alive connection left open while the server drains.
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(0)

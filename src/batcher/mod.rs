@@ -12,6 +12,7 @@
 //! (`padding.rs` says how, `queue/select.rs` which requests).
 
 pub mod padding;
+pub mod stats;
 mod policy;
 mod queue;
 mod task;
@@ -28,8 +29,8 @@ pub use queue::{Entry, Limits, State};
 
 use crate::error::{Error, Result};
 use crate::metrics;
-use crate::model::settings::BatchSettings;
-use crate::model::stats::ModelStats;
+use crate::settings::BatchSettings;
+use crate::batcher::stats::ModelStats;
 use crate::pool::ModelWorkers;
 use crate::tensor::Tensor;
 

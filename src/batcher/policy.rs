@@ -22,7 +22,7 @@
 use std::time::{Duration, Instant};
 
 use super::queue::{Limits, State};
-use crate::model::settings::{BatchPolicyKind, BatchSettings};
+use crate::settings::{BatchPolicyKind, BatchSettings};
 
 /// The adaptive policy lets a free session idle, waiting for one more
 /// request, for at most 1/IDLE_FRACTION of the model's mean batch run time.
@@ -155,8 +155,8 @@ mod tests {
             max_queue_size: 100,
             timeout: Duration::from_secs(60),
             max_batch_tokens: None,
-            max_padding_ratio: crate::model::settings::Fraction::new(
-                crate::model::settings::DEFAULT_MAX_PADDING_RATIO,
+            max_padding_ratio: crate::settings::Fraction::new(
+                crate::settings::DEFAULT_MAX_PADDING_RATIO,
             )
             .unwrap(),
         }

@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 
 use super::padding::Padding;
 use crate::error::Error;
-use crate::model::settings::BatchSettings;
+use crate::settings::BatchSettings;
 use crate::tensor::Tensor;
 
 mod select;

@@ -18,8 +18,8 @@ use super::queue::{Dropped, Entry, Limits, State};
 use super::{Batcher, Msg};
 use crate::error::Error;
 use crate::metrics;
-use crate::model::settings::BatchSettings;
-use crate::model::stats::{BatchTimes, ModelStats};
+use crate::settings::BatchSettings;
+use crate::batcher::stats::{BatchTimes, ModelStats};
 use crate::pool::{ModelWorkers, RunError};
 use crate::runtime::RuntimeError;
 use crate::telemetry;
@@ -344,6 +344,7 @@ async fn run(shared: &Shared, batch: &mut [Entry]) -> Result<Ran, Error> {
             name: model,
             reason: "unloading".into(),
         }),
+        Err(RunError::Cancelled) => Err(Error::ShuttingDown),
         Err(RunError::Runtime(RuntimeError::InvalidInput(m))) => Err(Error::InvalidInput(m)),
         Err(RunError::Runtime(e)) => {
             let message = crate::error::error_chain(&e);

@@ -2,9 +2,7 @@
 //! takes through it (validate → batcher → pool → split outputs).
 
 pub mod config;
-pub mod settings;
 pub mod state;
-pub mod stats;
 pub mod warmup;
 
 use std::time::Instant;
@@ -13,7 +11,7 @@ use crate::batcher::Batcher;
 use crate::error::{Error, Result};
 use crate::protocol::{self, InferRequest, InferResponse};
 use crate::tensor::Signature;
-use settings::ModelSettings;
+use crate::settings::ModelSettings;
 
 /// Everything a request needs to run on one version of a model. Shared as
 /// `Arc<ModelHandle>`: a request holds its own `Arc`, so a reload or unload

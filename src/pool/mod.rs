@@ -10,6 +10,7 @@
 //! ends, so a caller that gives up can never leave the device
 //! oversubscribed.
 
+mod cancel;
 pub mod fair;
 
 use std::collections::HashMap;
@@ -20,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
+pub use cancel::Runs;
 pub use fair::{DevicePermit, DeviceScheduler};
 
 use crate::runtime::{Device, RuntimeError, Session};
@@ -37,6 +39,9 @@ pub enum RunError {
     /// Every worker thread is gone (the model is unloading).
     #[error("the model's sessions are shut down")]
     Closed,
+    /// The server's grace period is over: the run was cancelled, or not started.
+    #[error("cancelled: the server is shutting down")]
+    Cancelled,
 }
 
 /// How many batches may run at once on each kind of device.
@@ -51,6 +56,8 @@ pub struct Pool {
     limits: PoolLimits,
     /// One scheduler per device; written when a model first lands on a device.
     devices: Mutex<HashMap<Device, Arc<DeviceScheduler>>>,
+    /// Every session's runs, for cancelling them at shutdown.
+    runs: Arc<Runs>,
 }
 
 impl Pool {
@@ -58,7 +65,13 @@ impl Pool {
         Arc::new(Pool {
             limits,
             devices: Mutex::new(HashMap::new()),
+            runs: Arc::new(Runs::default()),
         })
+    }
+
+    /// The runs of every session of every model (cancel them at shutdown).
+    pub fn runs(&self) -> &Runs {
+        &self.runs
     }
 
     /// The scheduler of `device`.
@@ -151,7 +164,10 @@ impl ModelWorkers {
             let (tx, rx) = crossbeam_channel::bounded::<Job>(group_sessions.len());
             let permits = Arc::new(Semaphore::new(group_sessions.len()));
             for mut session in group_sessions {
-                let rx = rx.clone();
+                if let Some(c) = session.canceller() {
+                    pool.runs.register(&c);
+                }
+                let (rx, runs) = (rx.clone(), pool.runs.clone());
                 let (warm_tx, warm_rx) = oneshot::channel();
                 warmed.push(warm_rx);
                 let (warmup, outputs) = (warmup.clone(), outputs.clone());
@@ -161,7 +177,7 @@ impl ModelWorkers {
                     .spawn(move || {
                         let _g = span.enter();
                         let _ = warm_tx.send(warm_up(session.as_mut(), &warmup, &outputs));
-                        session_loop(session.as_mut(), rx);
+                        session_loop(session.as_mut(), rx, &runs);
                     })
                     .expect("cannot spawn a session thread");
                 threads.push(t);
@@ -243,17 +259,29 @@ fn warm_up(session: &mut dyn Session, warmup: &[Warmup], outputs: &[String]) -> 
 }
 
 /// Serves jobs until every sender is gone (the model was dropped).
-fn session_loop(session: &mut dyn Session, rx: crossbeam_channel::Receiver<Job>) {
+fn session_loop(session: &mut dyn Session, rx: crossbeam_channel::Receiver<Job>, runs: &Runs) {
     while let Ok(job) = rx.recv() {
         if Instant::now() >= job.deadline {
             let _ = job.reply.send(Err(RunError::Expired));
+            continue;
+        }
+        let run = runs.start();
+        // Checked after counting the run: shutdown cancels, then waits for
+        // the count to reach 0, so a run either sees the flag here or is
+        // counted before the cancel and waited for.
+        if runs.cancelled() {
+            let _ = job.reply.send(Err(RunError::Cancelled));
             continue;
         }
         let started = Instant::now();
         let result = session
             .run(&job.inputs, &job.outputs)
             .map(|out| (out, started.elapsed()))
-            .map_err(RunError::from);
+            .map_err(|e| match runs.cancelled() {
+                true => RunError::Cancelled,
+                false => RunError::from(e),
+            });
+        drop(run);
         let _ = job.reply.send(result);
     }
     tracing::debug!("session thread exits");

@@ -26,7 +26,7 @@ pub(crate) fn decode(
     let mut n = 0usize;
     macro_rules! collect {
         ($variant:ident, $parse:expr) => {{
-            let mut out = Vec::with_capacity(count.min(1 << 24));
+            let mut out = Vec::with_capacity(capacity(count, raw));
             each_leaf(what, raw, |tok| {
                 if n < count {
                     out.push($parse(n, tok)?);
@@ -70,6 +70,14 @@ pub(crate) fn decode(
         )));
     }
     Ok(data)
+}
+
+/// Elements to reserve for `count` declared elements in the JSON text `raw`:
+/// every element takes at least two bytes of text (a digit and a `,` or
+/// `]`), so a tiny body that declares a huge shape reserves little (its
+/// element count is checked after the walk).
+fn capacity(count: usize, raw: &str) -> usize {
+    count.min(raw.len() / 2 + 1)
 }
 
 /// Calls `leaf` with the text of every leaf of the JSON array `raw`, in
@@ -245,6 +253,19 @@ mod tests {
         assert_eq!(dec(DataType::I32, " [[1,2] , [ 3,\n4 ]] ", 4).unwrap(), flat);
         assert_eq!(dec(DataType::I32, "[[[1]],[[2],[3, 4]]]", 4).unwrap(), flat);
         assert_eq!(dec(DataType::F32, "[]", 0).unwrap(), TensorData::F32(vec![]));
+    }
+
+    #[test]
+    fn a_huge_declared_shape_reserves_by_the_text_not_the_shape() {
+        // A 10-byte body declaring 2^40 elements reserved 2^24 (128 MiB of i64) before.
+        assert_eq!(capacity(1 << 40, "[1, 2, 3]"), 5);
+        assert_eq!(capacity(3, "[1, 2, 3]"), 3);
+        let err = dec(DataType::I64, "[1, 2, 3]", 1 << 40).unwrap_err();
+        assert!(err.contains("got 3"), "{err}");
+        // Every element fits the bound, the shortest text per element included.
+        let ones = format!("[{}]", vec!["1"; 1000].join(","));
+        assert!(capacity(usize::MAX, &ones) >= 1000);
+        assert_eq!(capacity(usize::MAX, "[7]"), 2);
     }
 
     #[test]

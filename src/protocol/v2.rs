@@ -133,18 +133,6 @@ pub struct MetadataTensor {
     pub shape: Vec<i64>,
 }
 
-/// Body of every error response: `{"error": "..."}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ErrorBody {
-    pub error: String,
-}
-
-impl From<&Error> for ErrorBody {
-    fn from(e: &Error) -> Self {
-        ErrorBody { error: e.to_string() }
-    }
-}
-
 impl From<&TensorSpec> for MetadataTensor {
     fn from(t: &TensorSpec) -> Self {
         MetadataTensor {
@@ -502,7 +490,5 @@ mod tests {
             "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],
             "outputs": [{"name": "y", "datatype": "INT64", "shape": [-1]}]});
         assert_eq!(meta, want);
-        let body = serde_json::to_value(ErrorBody::from(&Error::invalid("bad"))).unwrap();
-        assert_eq!(body, json!({"error": "bad"}));
     }
 }

@@ -8,7 +8,7 @@ use super::scan::{self, ModelDir};
 use super::{blocking, Repository};
 use crate::error::Error;
 use crate::metrics;
-use crate::model::settings::validate_model_name;
+use crate::settings::validate_model_name;
 use crate::model::state::ModelState;
 
 impl Repository {

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::SystemTime;
 
 use super::files;
-use crate::model::settings::ModelSettings;
+use crate::settings::ModelSettings;
 
 /// Identity of the ONNX file: its length and a digest of its content, plus
 /// the metadata it had when the digest was taken. Two stamps are equal when
@@ -108,7 +108,7 @@ pub fn classify(before: &Stamp, now: &Stamp, serving: Option<(&ModelSettings, &F
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::settings::ModelDefaults;
+    use crate::settings::ModelDefaults;
 
     fn settings(json: &str) -> ModelSettings {
         ModelSettings::parse(json, "m", &ModelDefaults::default()).unwrap()

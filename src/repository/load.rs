@@ -9,7 +9,7 @@ use super::describe;
 use crate::batcher::{Batcher, Padding};
 use crate::error::error_chain;
 use crate::error::Error;
-use crate::model::settings::ModelSettings;
+use crate::settings::ModelSettings;
 use crate::model::warmup;
 use crate::model::{Memory, ModelHandle};
 use crate::pool::{ModelWorkers, Pool};

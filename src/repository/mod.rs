@@ -29,7 +29,7 @@ pub use registry::{ModelEntry, Registry};
 
 use crate::error::Error;
 use crate::metrics;
-use crate::model::settings::ModelDefaults;
+use crate::settings::ModelDefaults;
 use crate::model::state::ModelState;
 use crate::model::ModelHandle;
 use crate::pool::Pool;
@@ -69,8 +69,10 @@ impl RepositoryHandle {
         &self.registry
     }
 
-    /// Asks for a rescan (what the watcher does).
-    pub fn rescan(&self) {
+    /// Asks for a rescan (what the watcher does; the table tests drive
+    /// the repository task with it).
+    #[cfg(test)]
+    pub(crate) fn rescan(&self) {
         let _ = self.commands.send(Command::Rescan);
     }
 
@@ -186,10 +188,12 @@ impl Repository {
     /// command, so one bug cannot stop every later reload.
     async fn run(&mut self, cmd: Command) {
         match cmd {
-            Command::Rescan => match supervised("a rescan", self.rescan()).await {
-                Ok(Err(e)) => tracing::error!(error = %e, "cannot rescan the model repository"),
-                Ok(Ok(())) | Err(_) => {}
-            },
+            Command::Rescan => {
+                // A panic (Err) was logged by `supervised`.
+                if let Ok(Err(e)) = supervised("a rescan", self.rescan()).await {
+                    tracing::error!(error = %e, "cannot rescan the model repository");
+                }
+            }
             Command::Load { name, reply } => {
                 let what = format!("loading `{name}`");
                 let r = supervised(&what, self.api_load(&name)).await;
@@ -372,7 +376,7 @@ impl Repository {
     }
 
     /// Loads a new version beside the serving one and swaps it in.
-    async fn reload(&mut self, md: &ModelDir, settings: crate::model::settings::ModelSettings) {
+    async fn reload(&mut self, md: &ModelDir, settings: crate::settings::ModelSettings) {
         let name = md.name().to_string();
         // Stamped at this scan: a file that cannot be read (missing, not a
         // regular file) never reaches the runtime.

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::model::settings::{ModelDefaults, ModelSettings, DEFAULT_URI};
+use crate::settings::{ModelDefaults, ModelSettings, DEFAULT_URI};
 
 /// The settings file every model folder holds.
 pub const SETTINGS_FILE: &str = "model-settings.json";

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 
 use super::{Repository, RepositoryHandle};
 use crate::error::ErrorKind;
-use crate::model::settings::{ModelDefaults, ModelSettings};
+use crate::settings::{ModelDefaults, ModelSettings};
 use crate::model::state::ModelState;
 use crate::pool::{Pool, PoolLimits};
 use crate::protocol::InferRequest;

@@ -15,23 +15,8 @@ use std::time::{Duration, Instant};
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
+pub use crate::config::WatchMode;
 use crate::metrics;
-
-/// How changes are noticed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum WatchMode {
-    /// inotify (or the platform's equivalent).
-    Events,
-    /// Poll file metadata every `poll_interval` (network filesystems where
-    /// events do not arrive). Compares each entry's size, modification time
-    /// (to the nanosecond), inode and symlink target: notify's `PollWatcher`
-    /// compares whole seconds only, and missed an edit made in the same
-    /// second as the one before it.
-    Poll,
-    /// No watching: changes apply only through the repository API.
-    Off,
-}
 
 /// A running watcher; dropping it stops watching.
 pub struct RepoWatcher {

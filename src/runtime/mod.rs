@@ -9,8 +9,9 @@ pub mod weights;
 
 use std::fmt;
 use std::path::Path;
+use std::sync::Arc;
 
-use crate::model::settings::ModelSettings;
+use crate::settings::ModelSettings;
 use crate::tensor::{Signature, Tensor};
 
 /// Where a model's sessions run.
@@ -66,6 +67,20 @@ pub trait Session: Send + 'static {
     /// Runs `inputs` (in signature order, already validated) and returns the
     /// outputs named in `outputs`, in that order.
     fn run(&mut self, inputs: &[Tensor], outputs: &[String]) -> Result<Vec<Tensor>, RuntimeError>;
+
+    /// A handle that cancels this session's runs from another thread (the
+    /// shutdown path, once the grace period is over); `None`: its runs
+    /// cannot be cancelled and are waited for.
+    fn canceller(&self) -> Option<Arc<dyn Cancel>> {
+        None
+    }
+}
+
+/// Cancels a session's runs from another thread.
+pub trait Cancel: Send + Sync {
+    /// Makes the session's run in progress, and every later one, stop early
+    /// with an error.
+    fn cancel(&self);
 }
 
 /// What went wrong inside the runtime.

@@ -4,16 +4,16 @@
 //! and converting tensors to and from `ort` values.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use ort::environment::Environment;
-use ort::ep::{self, ExecutionProvider as _};
+use ort::ep::{self, ArbitrarilyConfigurableExecutionProvider as _, ExecutionProvider as _};
 use ort::session::builder::{GraphOptimizationLevel, PrepackedWeights, SessionBuilder};
-use ort::session::SessionInputValue;
+use ort::session::{RunOptions, SessionInputValue};
 use ort::value::{DynValue, Tensor as OrtTensor, TensorElementType, TensorRef, ValueType};
 
-use super::{Device, LoadedModel, Runtime, RuntimeError, Session};
-use crate::model::settings::{ArenaExtendStrategy, CudnnConvAlgoSearch, ExecutionProvider, ModelSettings};
+use super::{Cancel, Device, LoadedModel, Runtime, RuntimeError, Session};
+use crate::settings::{ArenaExtendStrategy, CudaOptions, CudnnConvAlgoSearch, ExecutionProvider, ModelSettings};
 use crate::tensor::{DataType, Signature, Tensor, TensorData, TensorSpec};
 
 /// The ONNX Runtime release sluice is built against (`api-31`).
@@ -80,6 +80,17 @@ pub struct SessionDefaults {
     pub share_weights: bool,
 }
 
+impl SessionDefaults {
+    /// The defaults `[runtime]` and the pool's thread budget set.
+    pub fn from_config(cfg: &crate::config::Config) -> SessionDefaults {
+        SessionDefaults {
+            intra_op_threads: cfg.default_intra_op_threads(),
+            spinning: cfg.runtime.intra_op_spinning,
+            share_weights: cfg.runtime.share_weights,
+        }
+    }
+}
+
 /// The ONNX Runtime implementation of [`Runtime`].
 pub struct OnnxRuntime {
     env: &'static Environment,
@@ -137,22 +148,8 @@ impl OnnxRuntime {
 
     fn cuda_ep(settings: &ModelSettings, device: u32) -> ep::ExecutionProviderDispatch {
         let mut cuda = ep::CUDA::default().with_device_id(device as i32);
-        let o = &settings.cuda;
-        if let Some(limit) = o.gpu_mem_limit {
-            cuda = cuda.with_memory_limit(limit as usize);
-        }
-        if let Some(s) = o.arena_extend_strategy {
-            cuda = cuda.with_arena_extend_strategy(match s {
-                ArenaExtendStrategy::NextPowerOfTwo => ort::ep::ArenaExtendStrategy::NextPowerOfTwo,
-                ArenaExtendStrategy::SameAsRequested => ort::ep::ArenaExtendStrategy::SameAsRequested,
-            });
-        }
-        if let Some(s) = o.cudnn_conv_algo_search {
-            cuda = cuda.with_conv_algorithm_search(match s {
-                CudnnConvAlgoSearch::Exhaustive => ep::cuda::ConvAlgorithmSearch::Exhaustive,
-                CudnnConvAlgoSearch::Heuristic => ep::cuda::ConvAlgorithmSearch::Heuristic,
-                CudnnConvAlgoSearch::Default => ep::cuda::ConvAlgorithmSearch::Default,
-            });
+        for (key, value) in cuda_provider_options(&settings.cuda) {
+            cuda = cuda.with_arbitrary_config(key, value);
         }
         cuda.build().error_on_failure()
     }
@@ -187,7 +184,8 @@ impl OnnxRuntime {
                 .map_err(|e| ort::Error::<()>::from(e).to_string())?;
         }
         let session = builder.commit_from_file(path).map_err(|e| e.to_string())?;
-        Ok(OnnxSession { session })
+        let run_options = Arc::new(RunOptions::new().map_err(|e| format!("cannot create run options: {e}"))?);
+        Ok(OnnxSession { session, run_options })
     }
 }
 
@@ -381,6 +379,21 @@ impl Sharing {
 /// One `ort` session, owned by one pool thread.
 struct OnnxSession {
     session: ort::session::Session,
+    /// Every run of this session uses these options; the pool's shutdown
+    /// path holds a clone (as a [`Cancel`]) and sets their terminate flag.
+    run_options: Arc<RunOptions>,
+}
+
+/// Sets the terminate flag of a session's run options: ONNX Runtime stops
+/// the run in progress between nodes and fails it, and fails later runs at once.
+struct TerminateRuns(Arc<RunOptions>);
+
+impl Cancel for TerminateRuns {
+    fn cancel(&self) {
+        if let Err(e) = self.0.terminate() {
+            tracing::warn!(error = %e, "cannot cancel a session's run");
+        }
+    }
 }
 
 /// `t` as an ONNX Runtime input: a view of its buffer (no copy) for every
@@ -483,7 +496,10 @@ impl Session for OnnxSession {
             .iter()
             .map(|t| Ok((t.name.as_str(), to_value(t)?)))
             .collect::<Result<Vec<_>, RuntimeError>>()?;
-        let result = self.session.run(values).map_err(RuntimeError::Run)?;
+        let result = self
+            .session
+            .run_with_options(values, &self.run_options)
+            .map_err(RuntimeError::Run)?;
         outputs
             .iter()
             .map(|name| {
@@ -493,5 +509,67 @@ impl Session for OnnxSession {
                 from_value(name, v)
             })
             .collect()
+    }
+
+    fn canceller(&self) -> Option<Arc<dyn Cancel>> {
+        Some(Arc::new(TerminateRuns(self.run_options.clone())))
+    }
+}
+
+/// The CUDA provider options a model's `cuda` settings set, as ONNX Runtime's
+/// own keys and values (`OrtCUDAProviderOptionsV2`; the 1.31 CUDA provider
+/// still reads `do_copy_in_default_stream`, which `ort` has no setter for).
+pub fn cuda_provider_options(o: &CudaOptions) -> Vec<(&'static str, String)> {
+    let mut opts = Vec::new();
+    if let Some(limit) = o.gpu_mem_limit {
+        opts.push(("gpu_mem_limit", limit.to_string()));
+    }
+    if let Some(s) = o.arena_extend_strategy {
+        let s = match s {
+            ArenaExtendStrategy::NextPowerOfTwo => "kNextPowerOfTwo",
+            ArenaExtendStrategy::SameAsRequested => "kSameAsRequested",
+        };
+        opts.push(("arena_extend_strategy", s.to_string()));
+    }
+    if let Some(s) = o.cudnn_conv_algo_search {
+        let s = match s {
+            CudnnConvAlgoSearch::Exhaustive => "EXHAUSTIVE",
+            CudnnConvAlgoSearch::Heuristic => "HEURISTIC",
+            CudnnConvAlgoSearch::Default => "DEFAULT",
+        };
+        opts.push(("cudnn_conv_algo_search", s.to_string()));
+    }
+    if let Some(b) = o.do_copy_in_default_stream {
+        opts.push(("do_copy_in_default_stream", u8::from(b).to_string()));
+    }
+    opts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_cuda_setting_reaches_onnx_runtime_under_its_own_key() {
+        let o = CudaOptions {
+            gpu_mem_limit: Some(2 << 30),
+            arena_extend_strategy: Some(ArenaExtendStrategy::SameAsRequested),
+            cudnn_conv_algo_search: Some(CudnnConvAlgoSearch::Heuristic),
+            do_copy_in_default_stream: Some(false),
+        };
+        let got = cuda_provider_options(&o);
+        let want = [
+            ("gpu_mem_limit", "2147483648"),
+            ("arena_extend_strategy", "kSameAsRequested"),
+            ("cudnn_conv_algo_search", "HEURISTIC"),
+            ("do_copy_in_default_stream", "0"),
+        ];
+        assert_eq!(got, want.map(|(k, v)| (k, v.to_string())));
+        let on = CudaOptions {
+            do_copy_in_default_stream: Some(true),
+            ..CudaOptions::default()
+        };
+        assert_eq!(cuda_provider_options(&on), [("do_copy_in_default_stream", "1".to_string())]);
+        assert!(cuda_provider_options(&CudaOptions::default()).is_empty());
     }
 }

@@ -6,6 +6,7 @@
 pub mod batching;
 pub mod grpc;
 pub mod minilm;
+pub mod process;
 pub mod prometheus;
 pub mod reload;
 
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::config::Config;
-use sluice::runtime::onnx::{find_library, OnnxRuntime};
+use sluice::runtime::onnx::{find_library, OnnxRuntime, SessionDefaults};
 
 /// The crate root (fixtures and the default repository live under it).
 pub fn root() -> PathBuf {
@@ -26,7 +27,10 @@ pub fn root() -> PathBuf {
 pub fn runtime() -> Arc<OnnxRuntime> {
     let lib = find_library(None)
         .expect("ONNX Runtime not found: run scripts/fetch-onnxruntime.sh (make test does)");
-    Arc::new(OnnxRuntime::init(&lib, Config::default().session_defaults()).expect("cannot load ONNX Runtime"))
+    Arc::new(
+        OnnxRuntime::init(&lib, SessionDefaults::from_config(&Config::default()))
+            .expect("cannot load ONNX Runtime"),
+    )
 }
 
 /// Copies a folder recursively.
@@ -104,7 +108,7 @@ impl TestServer {
         cfg.shutdown.grace_period_seconds = 5.0;
         // Most tests drive the repository API; tests/access.rs checks the
         // default ("none") itself.
-        cfg.model_repository.control = sluice::access::ControlMode::Api;
+        cfg.model_repository.control = sluice::config::ControlMode::Api;
         tweak(&mut cfg);
         let server = sluice::Server::bind(cfg, runtime()).await.expect("bind");
         let addr = server.http_addr();

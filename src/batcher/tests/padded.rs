@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::batcher::Padding;
-use crate::model::settings::Fraction;
+use crate::settings::Fraction;
 use crate::tensor::{DataType, Signature, TensorSpec};
 
 /// `x` and `y`, both `[batch, seq]`, `x` padded with 0.

@@ -114,7 +114,8 @@ pub struct CudaOptions {
     pub arena_extend_strategy: Option<ArenaExtendStrategy>,
     /// How cuDNN picks convolution algorithms.
     pub cudnn_conv_algo_search: Option<CudnnConvAlgoSearch>,
-    /// Copy on the default CUDA stream.
+    /// Copy inputs and outputs on the default CUDA stream (passed to ONNX
+    /// Runtime as `do_copy_in_default_stream`).
     pub do_copy_in_default_stream: Option<bool>,
 }
 
