@@ -17,11 +17,12 @@ use crate::settings::{BatchPolicyKind, ExecutionProvider, ModelDefaults};
 
 mod network;
 mod repository;
+mod telemetry;
+mod tls;
 
 pub use network::{AuthConfig, GrpcConfig, HttpConfig, HttpLimits};
 pub use repository::{ControlMode, RepositoryConfig, WatchMode};
-
-mod tls;
+pub use telemetry::{TracingConfig, TracingExport};
 pub use tls::{TlsConfig, TlsFiles};
 
 /// Read when no `--config` is given, if it exists (relative to the working directory).
@@ -41,6 +42,7 @@ pub struct Config {
     pub log: LogConfig,
     pub auth: AuthConfig,
     pub tls: TlsConfig,
+    pub tracing: TracingConfig,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -268,6 +270,7 @@ impl Config {
         }
         self.http.validate(&mut errs);
         self.tls.validate(&mut errs);
+        self.tracing.validate(&mut errs);
         if !(1..=65536).contains(&self.grpc.max_outstanding_per_stream) {
             errs.push(format!(
                 "grpc.max_outstanding_per_stream must be 1..=65536, got {}",

@@ -6,9 +6,10 @@
 //! (scan, load, the registry) → [`model`] (a model's handle and state) →
 //! [`batcher`] (queues, batch formation, statistics) → [`pool`] (sessions on
 //! dedicated threads) → [`runtime`] (ONNX Runtime) → [`metrics`], [`budget`],
-//! [`access`], [`shutdown`], [`tls`] (both ports' certificate) → [`config`] →
-//! [`settings`] (a model's `model-settings.json`), [`protocol`] → [`tensor`] →
-//! [`error`].
+//! [`access`], [`shutdown`], [`tls`] (both ports' certificate), [`telemetry`]
+//! (OpenTelemetry spans; off unless the binary installs an exporter) →
+//! [`config`] → [`settings`] (a model's `model-settings.json`), [`protocol`] →
+//! [`tensor`] → [`error`].
 //!
 //! Data flow of one request: an HTTP handler (or a gRPC method) decodes it into a
 //! [`protocol::InferRequest`], takes the model's `Arc<ModelHandle>` from the
@@ -34,6 +35,7 @@ pub mod repository;
 pub mod runtime;
 pub mod settings;
 pub mod shutdown;
+pub mod telemetry;
 pub mod tensor;
 pub mod tls;
 

@@ -16,6 +16,7 @@ use tracing_subscriber::EnvFilter;
 use sluice::config::{CliOverrides, Config};
 use sluice::runtime::onnx::{find_library, OnnxRuntime, SessionDefaults};
 use sluice::runtime::Runtime;
+use sluice::telemetry::export::{OtelLayer, Tracing};
 
 /// sluice: serve every ONNX model folder of a model repository over KServe V1
 /// and the Open Inference Protocol (V2), each model behind its own batcher.
@@ -135,27 +136,37 @@ fn log_filter(rust_log: Option<&str>) -> String {
 }
 
 /// Starts logging to stderr in `format`; each line shows its target
-/// (`ort::logging` for ONNX Runtime's own messages).
-fn init_logging(format: sluice::config::LogFormat) {
+/// (`ort::logging` for ONNX Runtime's own messages). `otel`, when tracing is
+/// on, turns sluice's spans into OpenTelemetry spans; `RUST_LOG` filters
+/// only the log lines, never those spans, and the log lines look the same
+/// either way.
+fn init_logging(format: sluice::config::LogFormat, otel: Option<OtelLayer>) {
+    use tracing_subscriber::filter::{filter_fn, FilterExt};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+
     let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref());
     let filter = EnvFilter::try_new(&filter).unwrap_or_else(|e| {
         eprintln!("warning: RUST_LOG={filter:?} is not a valid filter ({e}); using \"info\"");
         EnvFilter::new(log_filter(None))
     });
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        sluice::config::LogFormat::Json => builder
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
+        sluice::config::LogFormat::Json => fmt
             .json()
             .flatten_event(true)
             .with_current_span(false)
             .with_span_list(false)
-            .init(),
-        sluice::config::LogFormat::Text => builder
+            .boxed(),
+        sluice::config::LogFormat::Text => fmt
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
-    }
+            .boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(otel)
+        .with(fmt.with_filter(filter.and(filter_fn(sluice::telemetry::export::logged))))
+        .init();
 }
 
 /// Prints one line to stderr and returns exit code 2.
@@ -164,13 +175,36 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(2)
 }
 
-/// Loads and checks the configuration, then starts logging as it says.
-fn load_config(file: Option<&Path>, cli: &CliOverrides) -> Result<Config, String> {
+/// Loads and checks the configuration, then starts logging as it says
+/// and, with `tracing` (`serve`), the OpenTelemetry exporter when the
+/// configuration or the `OTEL_*` environment names an endpoint.
+fn load_config(
+    file: Option<&Path>,
+    cli: &CliOverrides,
+    tracing: bool,
+) -> Result<(Config, Option<Tracing>), String> {
     let cfg = Config::load(file, cli)?;
     cfg.validate()
         .map_err(|errs| format!("invalid configuration: {}", errs.join("; ")))?;
-    init_logging(cfg.log.format);
-    Ok(cfg)
+    let export = match tracing {
+        true => cfg.tracing.resolve(|k| std::env::var(k).ok())?,
+        false => None,
+    };
+    let (exporter, layer) = match &export {
+        Some(e) => {
+            let (exporter, layer) = sluice::telemetry::export::install(e)?;
+            (Some(exporter), Some(layer))
+        }
+        None => (None, None),
+    };
+    init_logging(cfg.log.format, layer);
+    if let Some(e) = &export {
+        for w in &e.warnings {
+            tracing::warn!("{w}");
+        }
+        tracing::info!(endpoint = %e.traces_url, service = ?e.service_name, "OpenTelemetry traces on");
+    }
+    Ok((cfg, exporter))
 }
 
 fn runtime(cfg: &Config) -> Result<OnnxRuntime, String> {
@@ -181,7 +215,7 @@ fn runtime(cfg: &Config) -> Result<OnnxRuntime, String> {
 }
 
 fn serve(file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
-    let cfg = match load_config(file, cli) {
+    let (cfg, exporter) = match load_config(file, cli, true) {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
@@ -205,6 +239,12 @@ fn serve(file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
         let server = sluice::Server::bind(cfg, Arc::new(rt)).await?;
         server.run(sluice::shutdown::signal()).await
     });
+    // The runtime has stopped: every request span has ended. Send what the
+    // exporter still holds before the process exits.
+    drop(tokio);
+    if let Some(exporter) = exporter {
+        exporter.shutdown();
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(format!("{e:#}")),
@@ -212,8 +252,8 @@ fn serve(file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
 }
 
 fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
-    let cfg = match load_config(file, cli) {
-        Ok(c) => c,
+    let cfg = match load_config(file, cli, false) {
+        Ok((c, _)) => c,
         Err(e) => return fail(e),
     };
     // The folder's parent is the repository an absolute `parameters.uri` must stay inside.

@@ -274,6 +274,7 @@ impl Batcher {
                     entry = entry.padded(key.clone(), lengths.clone());
                 }
                 entry.releases_slot = next == n_chunks;
+                (entry.span, entry.queue_span) = crate::telemetry::enqueued();
                 // Only fails if the task died; the guard then releases the slot.
                 self.inner
                     .entries

@@ -45,6 +45,12 @@ pub struct Entry {
     /// True for a request's last chunk (or its only entry): when it leaves
     /// the queue, the request no longer counts against `max_queue_size`.
     pub releases_slot: bool,
+    /// The request's `infer` span, which its batch links to
+    /// (`Span::none()` when tracing is off).
+    pub span: tracing::Span,
+    /// The entry's `queue` span: it ends when the entry leaves the queue
+    /// (the batching task replaces it with `Span::none()`).
+    pub queue_span: tracing::Span,
 }
 
 impl Entry {
@@ -69,6 +75,8 @@ impl Entry {
             deadline,
             reply,
             releases_slot: true,
+            span: tracing::Span::none(),
+            queue_span: tracing::Span::none(),
         }
     }
 }

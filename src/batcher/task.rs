@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
+use tracing::Instrument;
 
 use super::padding::Padding;
 use super::policy::{decide, Capacity, Decision, Trigger};
@@ -21,6 +22,7 @@ use crate::settings::BatchSettings;
 use crate::batcher::stats::{BatchTimes, ModelStats};
 use crate::pool::{ModelWorkers, RunError};
 use crate::runtime::RuntimeError;
+use crate::telemetry;
 use crate::tensor::Tensor;
 
 /// Numbers batches process-wide, so a `batchId` is unique across models.
@@ -178,7 +180,7 @@ fn leave_queue(shared: &Shared, entry: &Entry) {
 /// Records the batch and runs it on a task of its own.
 fn dispatch(
     shared: &Arc<Shared>,
-    batch: Vec<Entry>,
+    mut batch: Vec<Entry>,
     trigger: Trigger,
     done: mpsc::UnboundedSender<Duration>,
 ) {
@@ -199,11 +201,13 @@ fn dispatch(
         dims = ?batch.iter().map(|e| e.inputs.first().map_or(&[][..], |t| &t.shape[1..])).collect::<Vec<_>>(),
         "batch"
     );
-    for e in &batch {
+    for e in &mut batch {
         let waited = now.saturating_duration_since(e.arrival);
         shared.metrics.queue_delay(waited);
         shared.stats.dispatched(waited);
         leave_queue(shared, e);
+        // Ends the entry's `queue` span: its batch has formed.
+        e.queue_span = tracing::Span::none();
     }
     let shared = shared.clone();
     tokio::spawn(async move {
@@ -217,7 +221,9 @@ fn dispatch(
 /// request fails alone. Returns the session's run time (zero if it failed).
 async fn run_batch(shared: &Shared, mut batch: Vec<Entry>) -> Duration {
     let batch_id = format!("{:016x}", NEXT_BATCH.fetch_add(1, Ordering::Relaxed));
-    let result = run(shared, &mut batch).await;
+    // Ends when this function returns: every entry has been answered.
+    let span = telemetry::batch_span(&shared.model, &batch_id, batch.iter().map(|e| (&e.span, e.rows)));
+    let result = run(shared, &mut batch).instrument(span.clone()).await;
     let took = result.as_ref().map_or(Duration::ZERO, |ran| ran.times.infer);
     match result {
         Ok(Ran { outputs, times }) if batch.len() == 1 => {

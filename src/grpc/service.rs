@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
 
 use super::status::status;
 use super::{observe, GrpcState};
@@ -23,6 +24,12 @@ use crate::protocol::grpc::inference::*;
 use crate::protocol::grpc::non_empty;
 use crate::protocol::v2::{ModelMetadata, ServerMetadata};
 use crate::protocol::InferRequest;
+use crate::telemetry::{self, Parent};
+
+/// The caller's trace from a call's `traceparent` / `tracestate` metadata.
+fn trace_parent(meta: &tonic::metadata::MetadataMap) -> Parent {
+    Parent::extract(|name| meta.get(name).and_then(|v| v.to_str().ok()))
+}
 
 /// The service; cheap to clone (tonic clones it per connection).
 #[derive(Clone)]
@@ -35,20 +42,24 @@ impl InferenceService {
         InferenceService { state }
     }
 
-    /// Runs one inference request through the model's batcher.
-    async fn infer(&self, req: ModelInferRequest) -> Result<ModelInferResponse, Error> {
+    /// Runs one inference request through the model's batcher, continuing
+    /// the caller's trace (`parent`, from the call's metadata).
+    async fn infer(&self, req: ModelInferRequest, parent: &Parent) -> Result<ModelInferResponse, Error> {
         let arrival = Instant::now();
-        // Held until answered; the message is already decoded, so this bounds
-        // what accepted gRPC requests hold together with the HTTP port's.
-        let _held = self.state.budget.reserve(prost::Message::encoded_len(&req))?;
         let name = req.model_name.clone();
+        let span = telemetry::request_span("grpc", &name, parent);
         let result = async {
+            // Held until answered; the message is already decoded, so this bounds
+            // what accepted gRPC requests hold together with the HTTP port's.
+            let _held = self.state.budget.reserve(prost::Message::encoded_len(&req))?;
             let model = self.state.registry.ready(&name, non_empty(&req.model_version))?;
             let request = InferRequest::try_from(req)?;
             let resp = model.infer(request, arrival).await?;
-            Ok(ModelInferResponse::from(&resp))
+            Ok(telemetry::encode(|| ModelInferResponse::from(&resp)))
         }
+        .instrument(span.clone())
         .await;
+        telemetry::finish(&span, result.as_ref().err());
         observe(&self.state.registry, &name, arrival, &result);
         result
     }
@@ -108,7 +119,8 @@ impl GrpcInferenceService for InferenceService {
 
     async fn model_infer(&self, req: Request<ModelInferRequest>) -> Answer<ModelInferResponse> {
         self.state.allow(&req, Scope::Inference)?;
-        ok(self.infer(req.into_inner()).await)
+        let parent = trace_parent(req.metadata());
+        ok(self.infer(req.into_inner(), &parent).await)
     }
 
     type ModelStreamInferStream = InferStream;
@@ -121,6 +133,8 @@ impl GrpcInferenceService for InferenceService {
         req: Request<Streaming<ModelInferRequest>>,
     ) -> Answer<Self::ModelStreamInferStream> {
         self.state.allow(&req, Scope::Inference)?;
+        // Every request of the stream continues the trace the call's metadata names.
+        let parent = trace_parent(req.metadata());
         let mut requests = req.into_inner();
         let outstanding = self.state.max_outstanding_per_stream;
         // Answers to the client. Each request's task holds a sender; the
@@ -149,10 +163,10 @@ impl GrpcInferenceService for InferenceService {
                         break;
                     }
                 };
-                let (service, tx) = (service.clone(), tx.clone());
+                let (service, tx, parent) = (service.clone(), tx.clone(), parent.clone());
                 tokio::spawn(async move {
                     let id = request.id.clone();
-                    let answer = match service.infer(request).await {
+                    let answer = match service.infer(request, &parent).await {
                         Ok(resp) => ModelStreamInferResponse {
                             error_message: String::new(),
                             infer_response: Some(resp),

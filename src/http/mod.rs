@@ -217,6 +217,11 @@ pub(crate) fn observe<T>(
     result
 }
 
+/// The caller's trace from a request's `traceparent` / `tracestate` headers.
+pub(crate) fn trace_parent(headers: &axum::http::HeaderMap) -> crate::telemetry::Parent {
+    crate::telemetry::Parent::extract(|name| headers.get(name).and_then(|v| v.to_str().ok()))
+}
+
 async fn not_found(uri: axum::http::Uri) -> ApiError {
     ApiError(Error::NotFound(format!("no route for {uri}")))
 }

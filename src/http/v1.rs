@@ -5,13 +5,16 @@ use std::time::Instant;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::Json;
 use serde_json::{json, Value};
+use tracing::Instrument;
 
 use super::{body_bytes, observe, parse_json, Admission, ApiError, ApiPath, AppState};
 use crate::error::Error;
 use crate::model::state::ModelState;
 use crate::protocol::v1;
+use crate::telemetry;
 
 /// `GET /v1/models`: the names of every model in the repository.
 pub async fn list(State(state): State<AppState>) -> Json<Value> {
@@ -41,6 +44,7 @@ pub async fn predict(
     State(state): State<AppState>,
     admission: Admission,
     ApiPath(spec): ApiPath<String>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<v1::PredictResponse>, ApiError> {
     let arrival = Instant::now();
@@ -56,6 +60,7 @@ pub async fn predict(
             .into())
         }
     };
+    let span = telemetry::request_span("v1", name, &super::trace_parent(&headers));
     let result = async {
         admission.check()?;
         let bytes = body_bytes(body, state.max_body_bytes)?;
@@ -67,8 +72,10 @@ pub async fn predict(
         })
         .await?;
         let resp = model.infer(req, arrival).await?;
-        Ok(Json(v1::encode(&resp)))
+        Ok(Json(telemetry::encode(|| v1::encode(&resp))))
     }
+    .instrument(span.clone())
     .await;
+    telemetry::finish(&span, result.as_ref().err().map(|e: &ApiError| &e.0));
     observe(&state.registry, name, "v1", arrival, result)
 }

@@ -9,12 +9,14 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
+use tracing::Instrument;
 
 use super::{body_bytes, observe, Admission, ApiError, ApiPath, AppState};
 use crate::protocol::model_config::ModelConfig;
 use crate::protocol::statistics::StatisticsResponse;
 use crate::protocol::v2::{ModelMetadata, ServerMetadata};
 use crate::protocol::v2_binary::{self, EncodedResponse, HEADER_LENGTH};
+use crate::telemetry;
 
 /// `/v2/models/{name}[/versions/{version}]...`
 #[derive(Debug, Deserialize)]
@@ -65,6 +67,7 @@ pub async fn infer(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let arrival = Instant::now();
+    let span = telemetry::request_span("v2", &p.name, &super::trace_parent(&headers));
     let result = async {
         admission.check()?;
         let bytes = body_bytes(body, state.max_body_bytes)?;
@@ -76,12 +79,12 @@ pub async fn infer(
         })
         .await?;
         let resp = model.infer(decoded.request, arrival).await?;
-        Ok(infer_response(v2_binary::encode_response(
-            &resp,
-            &decoded.outputs,
-        )))
+        let encoded = telemetry::encode(|| v2_binary::encode_response(&resp, &decoded.outputs));
+        Ok(infer_response(encoded))
     }
+    .instrument(span.clone())
     .await;
+    telemetry::finish(&span, result.as_ref().err().map(|e: &ApiError| &e.0));
     observe(&state.registry, &p.name, "v2", arrival, result)
 }
 

@@ -93,6 +93,7 @@ impl ModelHandle {
     }
 
     async fn run(&self, mut req: InferRequest, arrival: Instant) -> Result<InferResponse> {
+        crate::telemetry::record_version(self.version());
         protocol::validate(&mut req, &self.name, &self.signature)?;
         if req.rows() == 0 {
             return Err(Error::invalid(format!(

@@ -27,7 +27,10 @@ pub fn root() -> PathBuf {
 pub fn runtime() -> Arc<OnnxRuntime> {
     let lib = find_library(None)
         .expect("ONNX Runtime not found: run scripts/fetch-onnxruntime.sh (make test does)");
-    Arc::new(OnnxRuntime::init(&lib, SessionDefaults::from_config(&Config::default())).expect("cannot load ONNX Runtime"))
+    Arc::new(
+        OnnxRuntime::init(&lib, SessionDefaults::from_config(&Config::default()))
+            .expect("cannot load ONNX Runtime"),
+    )
 }
 
 /// Copies a folder recursively.

@@ -172,4 +172,3 @@ pub async fn wait_ready(client: &reqwest::Client, port: u16) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
-
