@@ -119,7 +119,7 @@ impl Server {
         )
         .with_context(|| format!("cannot watch the model repository {}", repo.path.display()))?;
         let (handle, loaded) = repository.spawn(rescan_rx);
-        let state = AppState {
+        let state = AppState::new(http::SharedState {
             metrics,
             registry: handle.registry().clone(),
             repository: handle,
@@ -128,7 +128,7 @@ impl Server {
             max_body_bytes: config.http.max_body_bytes,
             access: access::Access::from_config(&config),
             budget: budget::ByteBudget::from_config(&config),
-        };
+        });
         Ok(Server {
             config,
             listener,

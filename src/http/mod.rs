@@ -25,9 +25,28 @@ use crate::access::Scope;
 use crate::error::Error;
 use crate::repository::{Registry, RepositoryHandle};
 
-/// What every handler shares.
+/// What every handler shares: one allocation behind an `Arc`, so that the
+/// clone axum makes for each extractor and middleware is one atomic
+/// increment (a clone of the fields was eight, and the repository handle's
+/// sender, per request).
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<SharedState>);
+
+impl AppState {
+    pub fn new(shared: SharedState) -> AppState {
+        AppState(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = SharedState;
+    fn deref(&self) -> &SharedState {
+        &self.0
+    }
+}
+
+/// The fields of [`AppState`].
+pub struct SharedState {
     /// Read-only view of the models; the repository task writes it.
     pub registry: Arc<Registry>,
     /// Commands to the repository task (repository API load/unload).
@@ -48,7 +67,7 @@ pub struct AppState {
     pub budget: crate::budget::ByteBudget,
 }
 
-impl AppState {
+impl SharedState {
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
