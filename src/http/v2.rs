@@ -172,7 +172,7 @@ pub async fn repository_index(State(state): State<AppState>) -> Json<Vec<IndexEn
                     _ => e.note.clone(),
                 },
                 state: e.state.as_str(),
-                memory: e.handle.as_ref().map(|h| h.memory),
+                memory: e.handle.as_ref().map(|h| h.memory.clone()),
                 name: e.name,
                 version: e.version,
             })

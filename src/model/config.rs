@@ -42,11 +42,18 @@ impl ModelHandle {
     /// The model's cumulative statistics.
     pub fn statistics(&self) -> ModelStatistics {
         let mut stats = self.batcher().stats().snapshot(&self.name, self.stats_version());
-        stats.memory_usage = vec![MemoryUsage {
+        let gpus = self.memory.device_bytes.iter().map(|d| MemoryUsage {
+            kind: "GPU".into(),
+            id: i64::from(d.device),
+            byte_size: d.bytes,
+        });
+        stats.memory_usage = std::iter::once(MemoryUsage {
             kind: "CPU".into(),
             id: 0,
             byte_size: self.memory.host_bytes,
-        }];
+        })
+        .chain(gpus)
+        .collect();
         stats
     }
 }

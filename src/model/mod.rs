@@ -29,7 +29,7 @@ pub struct ModelHandle {
 
 /// What one version of a model holds in memory: reported in the repository
 /// index, in its statistics (`memory_usage`) and as `sluice_model_memory_bytes`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Memory {
     /// Growth of the process's resident memory while this version loaded and
     /// warmed up: its sessions, their arenas and its weights (other work at
@@ -37,6 +37,19 @@ pub struct Memory {
     pub host_bytes: u64,
     /// Bytes of the weights (initializers) in its ONNX file.
     pub weights_bytes: u64,
+    /// On a GPU: growth of each CUDA device's memory in use while this
+    /// version loaded and warmed up (CUDA's `cudaMemGetInfo`; other work on
+    /// the device at the same time blurs it). Absent on the CPU.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub device_bytes: Vec<DeviceBytes>,
+}
+
+/// Bytes one model version holds on one CUDA device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceBytes {
+    /// The CUDA device id (`cuda:N`).
+    pub device: u32,
+    pub bytes: u64,
 }
 
 impl ModelHandle {
@@ -66,7 +79,7 @@ impl ModelHandle {
             settings,
             signature: self.signature.clone(),
             provider_reason: self.provider_reason.clone(),
-            memory: self.memory,
+            memory: self.memory.clone(),
             batcher: self.batcher.clone(),
         }
     }

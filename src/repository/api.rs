@@ -49,6 +49,7 @@ impl Repository {
         t.pinned_unloaded = true;
         if let Some((h, _)) = t.serving.take() {
             h.batcher().retire();
+            super::forget_device_memory(&t.name, &h);
         }
         let (name, dir) = (t.name.clone(), t.dir.clone());
         tracing::info!(model = %name, "unloaded through the repository API; accepted requests finish first");

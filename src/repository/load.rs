@@ -9,11 +9,11 @@ use super::describe;
 use crate::batcher::{Batcher, Padding};
 use crate::error::error_chain;
 use crate::error::Error;
-use crate::settings::ModelSettings;
+use crate::settings::{ExecutionProvider, ModelSettings};
 use crate::model::warmup;
-use crate::model::{Memory, ModelHandle};
+use crate::model::{DeviceBytes, Memory, ModelHandle};
 use crate::pool::{ModelWorkers, Pool};
-use crate::runtime::{Runtime, RuntimeError};
+use crate::runtime::{device_memory, Device, Runtime, RuntimeError};
 
 /// Why a version of a model could not be loaded, by what it takes to fix it
 /// (the repository API answers with the matching status).
@@ -81,9 +81,14 @@ pub async fn build(
     let resident_before = crate::runtime::resident_bytes();
     let rt = runtime.clone();
     let (n, p, s) = (name.to_string(), path.clone(), settings.clone());
-    let loaded = tokio::task::spawn_blocking(move || rt.load(&n, &p, &s))
-        .await
-        .map_err(|e| LoadError::Internal(format!("loading {} panicked: {e}", path.display())))??;
+    // Each CUDA device's memory in use before the load (empty on the CPU).
+    let maybe_gpu = settings.execution_provider != ExecutionProvider::Cpu;
+    let (loaded, gpu_before) = tokio::task::spawn_blocking(move || {
+        let before = if maybe_gpu { device_memory::used_per_device() } else { Vec::new() };
+        rt.load(&n, &p, &s).map(|l| (l, before))
+    })
+    .await
+    .map_err(|e| LoadError::Internal(format!("loading {} panicked: {e}", path.display())))??;
     settings
         .check_declared(&loaded.signature)
         .map_err(LoadError::Files)?;
@@ -104,6 +109,14 @@ pub async fn build(
         settings.batching.max_batch_size = 1;
     }
     let devices: Vec<String> = loaded.sessions.iter().map(|(d, _)| d.to_string()).collect();
+    let cuda_ids: Vec<u32> = loaded
+        .sessions
+        .iter()
+        .filter_map(|(d, _)| match d {
+            Device::Cuda(id) => Some(*id),
+            Device::Cpu => None,
+        })
+        .collect();
     let outputs: Vec<String> = loaded.signature.outputs.iter().map(|o| o.name.clone()).collect();
     let warm = match settings.warmup {
         true => warmup::plan(
@@ -123,9 +136,22 @@ pub async fn build(
             .map_err(LoadError::Files)?;
     }
     let batcher = Batcher::spawn(name, settings.batching, Arc::new(workers), outputs, padding);
+    let device_bytes = match cuda_ids.is_empty() {
+        true => Vec::new(),
+        false => {
+            let after = tokio::task::spawn_blocking(device_memory::used_per_device)
+                .await
+                .unwrap_or_default();
+            device_memory::growth(&gpu_before, &after, &cuda_ids)
+                .into_iter()
+                .map(|(device, bytes)| DeviceBytes { device, bytes })
+                .collect()
+        }
+    };
     let memory = Memory {
         host_bytes: crate::runtime::resident_bytes().saturating_sub(resident_before),
         weights_bytes: loaded.weights_bytes,
+        device_bytes,
     };
     tracing::info!(
         model = %name,

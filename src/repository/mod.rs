@@ -448,6 +448,9 @@ impl Repository {
             self.registry.remove(&t.name);
             metrics::model_ready(&t.name, false);
             metrics::model_memory(&t.name, "cpu", 0);
+            if let Some((h, _)) = &t.serving {
+                forget_device_memory(&t.name, h);
+            }
             metrics::model_reload(&t.name, "unloaded");
         }
     }
@@ -462,6 +465,9 @@ impl Repository {
     ) {
         metrics::model_ready(name, state == ModelState::Ready);
         metrics::model_memory(name, "cpu", handle.as_ref().map_or(0, |h| h.memory.host_bytes));
+        for d in handle.iter().flat_map(|h| &h.memory.device_bytes) {
+            metrics::model_memory(name, &format!("cuda:{}", d.device), d.bytes);
+        }
         let version = handle.as_ref().and_then(|h| h.settings.version.clone());
         self.registry.set(ModelEntry {
             name: name.to_string(),
@@ -518,6 +524,14 @@ pub fn describe(specs: &[crate::tensor::TensorSpec]) -> String {
         .map(|t| format!("{}: {}{:?}", t.name, t.dtype, t.shape))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+
+/// Zeroes the device-memory gauges of a version that stops serving.
+fn forget_device_memory(name: &str, handle: &ModelHandle) {
+    for d in &handle.memory.device_bytes {
+        metrics::model_memory(name, &format!("cuda:{}", d.device), 0);
+    }
 }
 
 #[cfg(test)]

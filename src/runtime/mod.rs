@@ -4,6 +4,7 @@
 //! traits. Sessions are blocking: they run on the pool's dedicated OS
 //! threads, never on the async runtime.
 
+pub mod device_memory;
 pub mod onnx;
 pub mod weights;
 
