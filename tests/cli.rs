@@ -156,11 +156,7 @@ async fn model_name_serves_a_kserve_mnt_models_folder_as_that_model() {
         .await
         .unwrap();
     assert_eq!(r["predictions"][0]["label"], exp["labels"][7], "{r}");
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    sigterm(&child);
     assert_eq!(wait_for(&mut child, Duration::from_secs(15)).code(), Some(0));
 }
 
@@ -215,11 +211,7 @@ async fn serve_on_port_0_logs_the_port_serves_and_exits_0_on_sigterm() {
     conn.write_all(&body[..body.len() / 2]).unwrap();
 
     let killed = Instant::now();
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    sigterm(&child);
     log.wait_for(&["SIGTERM received"], limit);
     // A new connection per request: the draining server closes idle ones,
     // and a pooled connection closed under a request fails it.
@@ -278,11 +270,7 @@ async fn serve_log(repo: &std::path::Path, rust_log: &str, extra: &[&str]) -> Ve
     let (mut child, mut log, port) = spawn_serve(cmd, &args);
     wait_ready(&reqwest::Client::new(), port).await;
     log.wait_for(&["model ready", "digits"], Duration::from_secs(10));
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    sigterm(&child);
     assert_eq!(wait_for(&mut child, Duration::from_secs(15)).code(), Some(0));
     log.wait_for(&["sluice stopped"], Duration::from_secs(5));
     log.seen

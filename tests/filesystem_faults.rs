@@ -7,6 +7,7 @@
 //! (`wait_for`), never for a fixed time.
 
 mod common;
+use common::process::sigterm;
 use common::reload::*;
 use common::*;
 
@@ -245,11 +246,7 @@ async fn a_server_with_endless_model_files_turns_ready_and_stops_on_sigterm() {
             .map(|e| (e["name"].as_str().unwrap().to_string(), e))
             .collect(),
     );
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    sigterm(&child.0);
     let t0 = Instant::now();
     let status = loop {
         if let Some(status) = child.0.try_wait().unwrap() {

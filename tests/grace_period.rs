@@ -9,10 +9,34 @@ use common::process::*;
 use common::prometheus::parse;
 use common::*;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+
+/// Waits (at most 30 s) until `sluice_queue_size{model}` is at least `n`.
+async fn wait_queued(client: &reqwest::Client, port: u16, model: &str, n: f64) {
+    let t0 = Instant::now();
+    loop {
+        let text = client
+            .get(format!("http://127.0.0.1:{port}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let queued: f64 = parse(&text)
+            .iter()
+            .filter(|s| s.name == "sluice_queue_size" && s.labels.get("model").map(String::as_str) == Some(model))
+            .map(|s| s.value)
+            .sum();
+        if queued >= n {
+            return;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "`{model}`: fewer than {n} requests queued after 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
 
 #[tokio::test]
 async fn batches_running_when_the_grace_period_ends_are_cancelled_and_the_exit_is_clean() {
@@ -41,33 +65,9 @@ async fn batches_running_when_the_grace_period_ends_are_cancelled_and_the_exit_i
         })
         .collect();
     // Observable: requests wait in the queue, so a batch runs while they do.
-    let t0 = Instant::now();
-    loop {
-        let text = client
-            .get(format!("http://127.0.0.1:{port}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let queued: f64 = parse(&text)
-            .iter()
-            .filter(|s| s.name == "sluice_queue_size" && s.labels.get("model").map(String::as_str) == Some("slow"))
-            .map(|s| s.value)
-            .sum();
-        if queued >= 2.0 {
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "no queue built up in 30 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_queued(&client, port, "slow", 2.0).await;
 
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    sigterm(&child);
     let status = wait_for(&mut child, Duration::from_secs(30));
     let lines = log.rest(Duration::from_secs(10)).join("\n");
     assert_eq!(status.code(), Some(0), "{lines}");
@@ -115,34 +115,10 @@ async fn a_batch_waiting_to_fill_runs_at_once_when_shutdown_begins() {
         async move { client.post(&url).json(&body).send().await.unwrap() }
     });
     // Observable: the request waits in the queue for its batch to fill.
-    let t0 = Instant::now();
-    loop {
-        let text = client
-            .get(format!("http://127.0.0.1:{port}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let queued: f64 = parse(&text)
-            .iter()
-            .filter(|s| s.name == "sluice_queue_size" && s.labels.get("model").map(String::as_str) == Some("digits"))
-            .map(|s| s.value)
-            .sum();
-        if queued >= 1.0 {
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "the request never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_queued(&client, port, "digits", 1.0).await;
     drop(client);
     let killed = Instant::now();
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    sigterm(&child);
     let answer = request.await.unwrap();
     // Far below the 50 s the batch would have waited.
     assert!(killed.elapsed() < Duration::from_secs(20), "answered after {:?}", killed.elapsed());

@@ -172,3 +172,12 @@ pub async fn wait_ready(client: &reqwest::Client, port: u16) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Sends SIGTERM to the child (what `docker stop` and the kubelet send).
+pub fn sigterm(child: &Child) {
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+}
