@@ -15,9 +15,9 @@ use std::path::Path;
 use std::process::Command;
 
 use sluice::config::Config;
-use sluice::settings::{ModelDefaults, ModelSettings};
 use sluice::runtime::onnx::{find_library, OnnxRuntime, SessionDefaults};
 use sluice::runtime::Runtime;
+use sluice::settings::{ModelDefaults, ModelSettings};
 
 fn rss_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");

@@ -9,8 +9,8 @@
 //! metadata). Health and `/metrics` stay open for probes and Prometheus.
 //! Keys are compared in constant time and never logged.
 
-pub use crate::config::ControlMode;
 use crate::config::Config;
+pub use crate::config::ControlMode;
 use crate::error::Error;
 
 /// What a request asks to do.

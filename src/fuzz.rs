@@ -13,12 +13,12 @@ use std::sync::OnceLock;
 use prost::Message;
 use serde_json::{json, Value};
 
-use crate::settings::{ModelDefaults, ModelSettings};
 use crate::protocol::grpc::inference::{self, ModelInferRequest, ModelInferResponse};
 use crate::protocol::model_config::{DynamicBatching, ModelConfig, QueuePolicy};
 use crate::protocol::v2::{InferenceResponse, JsonResponse};
 use crate::protocol::v2_binary::{self, OutputEncoding};
 use crate::protocol::{binary, v1, validate, InferRequest, InferResponse};
+use crate::settings::{ModelDefaults, ModelSettings};
 use crate::tensor::{DataType, Signature, Tensor, TensorSpec};
 
 /// Most rows the batching step builds (the request's rows times two), and

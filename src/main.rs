@@ -352,7 +352,11 @@ mod tests {
                 libmimalloc_sys::mi_option_get(PURGE_DELAY),
             )
         };
-        assert_eq!((eager, purge), (2, 1000), "mimalloc's option numbers moved: check mi_option_e");
+        assert_eq!(
+            (eager, purge),
+            (2, 1000),
+            "mimalloc's option numbers moved: check mi_option_e"
+        );
     }
 
     use super::log_filter;

@@ -8,7 +8,8 @@ use std::sync::{OnceLock, RwLock};
 use std::time::Duration;
 
 use metrics::{
-    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter, Gauge, Histogram, Unit,
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter, Gauge,
+    Histogram, Unit,
 };
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
@@ -261,7 +262,9 @@ fn request_series(model: &str, protocol: &'static str) -> RequestSeries {
         return s;
     }
     let series = register();
-    m.entry(model.to_string()).or_default().push((protocol, series.clone()));
+    m.entry(model.to_string())
+        .or_default()
+        .push((protocol, series.clone()));
     series
 }
 

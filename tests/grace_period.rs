@@ -27,13 +27,18 @@ async fn wait_queued(client: &reqwest::Client, port: u16, model: &str, n: f64) {
             .unwrap();
         let queued: f64 = parse(&text)
             .iter()
-            .filter(|s| s.name == "sluice_queue_size" && s.labels.get("model").map(String::as_str) == Some(model))
+            .filter(|s| {
+                s.name == "sluice_queue_size" && s.labels.get("model").map(String::as_str) == Some(model)
+            })
             .map(|s| s.value)
             .sum();
         if queued >= n {
             return;
         }
-        assert!(t0.elapsed() < Duration::from_secs(30), "`{model}`: fewer than {n} requests queued after 30 s");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "`{model}`: fewer than {n} requests queued after 30 s"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -71,11 +76,16 @@ async fn batches_running_when_the_grace_period_ends_are_cancelled_and_the_exit_i
     let status = wait_for(&mut child, Duration::from_secs(30));
     let lines = log.rest(Duration::from_secs(10)).join("\n");
     assert_eq!(status.code(), Some(0), "{lines}");
-    assert!(lines.contains("requests still open after the grace period"), "{lines}");
+    assert!(
+        lines.contains("requests still open after the grace period"),
+        "{lines}"
+    );
     assert!(lines.contains("sluice stopped"), "{lines}");
     // No error of ONNX Runtime's (nor sluice's), no panic.
     assert!(
-        !lines.lines().any(|l| l.contains("ERROR") || l.contains("panicked")),
+        !lines
+            .lines()
+            .any(|l| l.contains("ERROR") || l.contains("panicked")),
         "{lines}"
     );
     // A run in progress was cancelled and waited for. (The session is busy
@@ -105,9 +115,10 @@ async fn a_batch_waiting_to_fill_runs_at_once_when_shutdown_begins() {
     let (mut child, mut log, port) = spawn_serve(sluice(), &args);
     let client = reqwest::Client::new();
     wait_ready(&client, port).await;
-    let exp: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(root().join("tests/fixtures/digits_expected.json")).unwrap())
-            .unwrap();
+    let exp: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("tests/fixtures/digits_expected.json")).unwrap(),
+    )
+    .unwrap();
     let body = json!({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [exp["inputs"][5]]}]});
     let url = format!("http://127.0.0.1:{port}/v2/models/digits/infer");
     let request = tokio::spawn({
@@ -121,10 +132,19 @@ async fn a_batch_waiting_to_fill_runs_at_once_when_shutdown_begins() {
     sigterm(&child);
     let answer = request.await.unwrap();
     // Far below the 50 s the batch would have waited.
-    assert!(killed.elapsed() < Duration::from_secs(20), "answered after {:?}", killed.elapsed());
+    assert!(
+        killed.elapsed() < Duration::from_secs(20),
+        "answered after {:?}",
+        killed.elapsed()
+    );
     assert_eq!(answer.status(), 200);
     let r: serde_json::Value = answer.json().await.unwrap();
-    let label = r["outputs"].as_array().unwrap().iter().find(|o| o["name"] == "label").unwrap();
+    let label = r["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["name"] == "label")
+        .unwrap();
     assert_eq!(label["data"], json!([exp["labels"][5]]), "{r}");
     let status = wait_for(&mut child, Duration::from_secs(30));
     let lines = log.rest(Duration::from_secs(10)).join("\n");

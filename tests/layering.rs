@@ -65,10 +65,15 @@ fn crate_uses(text: &str) -> Vec<(usize, String)> {
         let mut rest = code;
         while let Some(i) = rest.find("crate::") {
             let tail = &rest[i + "crate::".len()..];
-            let name: String = tail.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            let name: String = tail
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
             // `$crate::` in macros and `sluice_crate::`-like identifiers are not ours.
             let before = rest[..i].chars().last();
-            if !name.is_empty() && !matches!(before, Some(c) if c.is_ascii_alphanumeric() || c == '_' || c == '$') {
+            if !name.is_empty()
+                && !matches!(before, Some(c) if c.is_ascii_alphanumeric() || c == '_' || c == '$')
+            {
                 uses.push((n + 1, name));
             }
             rest = tail;
@@ -87,7 +92,10 @@ fn no_module_imports_a_module_above_it() {
     for file in &files {
         let Some(user) = owner(&src, file) else { continue };
         let Some(user_layer) = layer(&user) else {
-            problems.push(format!("{}: module `{user}` is not in tests/layering.rs's LAYERS: add it", file.display()));
+            problems.push(format!(
+                "{}: module `{user}` is not in tests/layering.rs's LAYERS: add it",
+                file.display()
+            ));
             continue;
         };
         let text = std::fs::read_to_string(file).unwrap();
@@ -96,7 +104,10 @@ fn no_module_imports_a_module_above_it() {
                 continue;
             }
             let Some(used_layer) = layer(&used) else {
-                problems.push(format!("{}:{line}: `crate::{used}` is not in LAYERS: add it", file.display()));
+                problems.push(format!(
+                    "{}:{line}: `crate::{used}` is not in LAYERS: add it",
+                    file.display()
+                ));
                 continue;
             };
             let same_ok = SAME_LAYER_OK.contains(&(user.as_str(), used.as_str()));
@@ -108,7 +119,11 @@ fn no_module_imports_a_module_above_it() {
             }
         }
     }
-    assert!(problems.is_empty(), "layering violations:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "layering violations:\n{}",
+        problems.join("\n")
+    );
 }
 
 #[test]

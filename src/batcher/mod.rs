@@ -12,9 +12,9 @@
 //! (`padding.rs` says how, `queue/select.rs` which requests).
 
 pub mod padding;
-pub mod stats;
 mod policy;
 mod queue;
+pub mod stats;
 mod task;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,11 +27,11 @@ pub use padding::Padding;
 pub use policy::{decide, Capacity, Decision, Trigger};
 pub use queue::{Entry, Limits, State};
 
+use crate::batcher::stats::ModelStats;
 use crate::error::{Error, Result};
 use crate::metrics;
-use crate::settings::BatchSettings;
-use crate::batcher::stats::ModelStats;
 use crate::pool::ModelWorkers;
+use crate::settings::BatchSettings;
 use crate::tensor::Tensor;
 
 /// Handle to one model's batcher. Cheap to clone. When the last clone is

@@ -16,12 +16,12 @@ use super::padding::Padding;
 use super::policy::{decide, Capacity, Decision, Trigger};
 use super::queue::{Dropped, Entry, Limits, State};
 use super::{Batcher, Msg};
+use crate::batcher::stats::{BatchTimes, ModelStats};
 use crate::error::Error;
 use crate::metrics;
-use crate::settings::BatchSettings;
-use crate::batcher::stats::{BatchTimes, ModelStats};
 use crate::pool::{ModelWorkers, RunError};
 use crate::runtime::RuntimeError;
+use crate::settings::BatchSettings;
 use crate::telemetry;
 use crate::tensor::Tensor;
 

@@ -10,8 +10,8 @@ use std::time::Instant;
 use crate::batcher::Batcher;
 use crate::error::{Error, Result};
 use crate::protocol::{self, InferRequest, InferResponse};
-use crate::tensor::Signature;
 use crate::settings::ModelSettings;
+use crate::tensor::Signature;
 
 /// Everything a request needs to run on one version of a model. Shared as
 /// `Arc<ModelHandle>`: a request holds its own `Arc`, so a reload or unload

@@ -77,7 +77,9 @@ impl Runs {
     /// Waits until no run is in progress, at most `limit`; true if none is.
     pub async fn wait_idle(&self, limit: Duration) -> bool {
         let mut rx = self.running.subscribe();
-        let idle = tokio::time::timeout(limit, rx.wait_for(|n| *n == 0)).await.is_ok();
+        let idle = tokio::time::timeout(limit, rx.wait_for(|n| *n == 0))
+            .await
+            .is_ok();
         idle
     }
 }
@@ -113,14 +115,21 @@ mod tests {
             runs.register(&(dropped as Arc<dyn Cancel>));
         }
         let guard = runs.start();
-        assert!(!runs.wait_idle(Duration::from_millis(10)).await, "a run is in progress");
+        assert!(
+            !runs.wait_idle(Duration::from_millis(10)).await,
+            "a run is in progress"
+        );
         assert_eq!(runs.cancel_all(), 1);
         assert!(runs.cancelled());
         // The live session was cancelled once; the dropped one is forgotten.
         assert_eq!(live.0.load(Ordering::SeqCst), 1);
         assert_eq!(runs.handles.lock().unwrap().len(), 2);
         runs.register(&(live.clone() as Arc<dyn Cancel>));
-        assert_eq!(runs.handles.lock().unwrap().len(), 2, "the dropped session's handle is pruned");
+        assert_eq!(
+            runs.handles.lock().unwrap().len(),
+            2,
+            "the dropped session's handle is pruned"
+        );
         let r = runs.clone();
         let waiter = tokio::spawn(async move { r.wait_idle(Duration::from_secs(60)).await });
         drop(guard);

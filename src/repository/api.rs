@@ -8,8 +8,8 @@ use super::scan::{self, ModelDir};
 use super::{blocking, Repository};
 use crate::error::Error;
 use crate::metrics;
-use crate::settings::validate_model_name;
 use crate::model::state::ModelState;
+use crate::settings::validate_model_name;
 
 impl Repository {
     pub(super) async fn api_load(&mut self, name: &str) -> Result<(), Error> {

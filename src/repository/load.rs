@@ -9,11 +9,11 @@ use super::describe;
 use crate::batcher::{Batcher, Padding};
 use crate::error::error_chain;
 use crate::error::Error;
-use crate::settings::{ExecutionProvider, ModelSettings};
 use crate::model::warmup;
 use crate::model::{DeviceBytes, Memory, ModelHandle};
 use crate::pool::{ModelWorkers, Pool};
 use crate::runtime::{device_memory, Device, Runtime, RuntimeError};
+use crate::settings::{ExecutionProvider, ModelSettings};
 
 /// Why a version of a model could not be loaded, by what it takes to fix it
 /// (the repository API answers with the matching status).
@@ -84,7 +84,11 @@ pub async fn build(
     // Each CUDA device's memory in use before the load (empty on the CPU).
     let maybe_gpu = settings.execution_provider != ExecutionProvider::Cpu;
     let (loaded, gpu_before) = tokio::task::spawn_blocking(move || {
-        let before = if maybe_gpu { device_memory::used_per_device() } else { Vec::new() };
+        let before = if maybe_gpu {
+            device_memory::used_per_device()
+        } else {
+            Vec::new()
+        };
         rt.load(&n, &p, &s).map(|l| (l, before))
     })
     .await

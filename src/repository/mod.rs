@@ -29,11 +29,11 @@ pub use registry::{ModelEntry, Registry};
 
 use crate::error::Error;
 use crate::metrics;
-use crate::settings::ModelDefaults;
 use crate::model::state::ModelState;
 use crate::model::ModelHandle;
 use crate::pool::Pool;
 use crate::runtime::Runtime;
+use crate::settings::ModelDefaults;
 use diff::{classify, Change, FileStamp, Stamp};
 use load::LoadError;
 use scan::ModelDir;
@@ -525,7 +525,6 @@ pub fn describe(specs: &[crate::tensor::TensorSpec]) -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
-
 
 /// Zeroes the device-memory gauges of a version that stops serving.
 fn forget_device_memory(name: &str, handle: &ModelHandle) {

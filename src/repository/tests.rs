@@ -15,11 +15,11 @@ use tokio::sync::mpsc;
 
 use super::{Repository, RepositoryHandle};
 use crate::error::ErrorKind;
-use crate::settings::{ModelDefaults, ModelSettings};
 use crate::model::state::ModelState;
 use crate::pool::{Pool, PoolLimits};
 use crate::protocol::InferRequest;
 use crate::runtime::{Device, LoadedModel, Runtime, RuntimeError, Session};
+use crate::settings::{ModelDefaults, ModelSettings};
 use crate::tensor::{DataType, Signature, Tensor, TensorData, TensorSpec};
 
 /// Answers `y = k x` for the `k` its file names; counts its loads.

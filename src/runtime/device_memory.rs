@@ -97,5 +97,4 @@ mod tests {
         assert_eq!(growth(&before[..1], &after, &[1]), []);
         assert!(growth(&[], &[], &[0]).is_empty());
     }
-
 }

@@ -13,7 +13,9 @@ use ort::session::{RunOptions, SessionInputValue};
 use ort::value::{DynValue, Tensor as OrtTensor, TensorElementType, TensorRef, ValueType};
 
 use super::{Cancel, Device, LoadedModel, Runtime, RuntimeError, Session};
-use crate::settings::{ArenaExtendStrategy, CudaOptions, CudnnConvAlgoSearch, ExecutionProvider, ModelSettings};
+use crate::settings::{
+    ArenaExtendStrategy, CudaOptions, CudnnConvAlgoSearch, ExecutionProvider, ModelSettings,
+};
 use crate::tensor::{DataType, Signature, Tensor, TensorData, TensorSpec};
 
 /// The ONNX Runtime release sluice is built against (`api-31`).
@@ -569,7 +571,10 @@ mod tests {
             do_copy_in_default_stream: Some(true),
             ..CudaOptions::default()
         };
-        assert_eq!(cuda_provider_options(&on), [("do_copy_in_default_stream", "1".to_string())]);
+        assert_eq!(
+            cuda_provider_options(&on),
+            [("do_copy_in_default_stream", "1".to_string())]
+        );
         assert!(cuda_provider_options(&CudaOptions::default()).is_empty());
     }
 }

@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use super::Batcher;
 use crate::error::Error;
-use crate::settings::{BatchPolicyKind, BatchSettings};
 use crate::pool::{ModelWorkers, Pool, PoolLimits};
 use crate::runtime::{Device, RuntimeError, Session};
+use crate::settings::{BatchPolicyKind, BatchSettings};
 use crate::tensor::{Tensor, TensorData};
 
 /// A batch holding this value fails inside the fake session.
@@ -134,10 +134,8 @@ fn settings(policy: BatchPolicyKind, max_batch_size: usize, max_batch_time_ms: u
         max_queue_size: 1024,
         timeout: Duration::from_secs(60),
         max_batch_tokens: None,
-        max_padding_ratio: crate::settings::Fraction::new(
-            crate::settings::DEFAULT_MAX_PADDING_RATIO,
-        )
-        .unwrap(),
+        max_padding_ratio: crate::settings::Fraction::new(crate::settings::DEFAULT_MAX_PADDING_RATIO)
+            .unwrap(),
     }
 }
 
