@@ -9,6 +9,7 @@
 
 pub mod binary;
 pub mod grpc;
+mod json;
 mod json_data;
 pub mod model_config;
 pub mod statistics;
@@ -16,10 +17,10 @@ pub mod v1;
 pub mod v2;
 pub mod v2_binary;
 
-use serde_json::Value;
+pub(crate) use json::{element_to_json, parse_elements, JsonElements};
 
 use crate::error::Error;
-use crate::tensor::{DataType, Signature, Tensor, TensorData};
+use crate::tensor::{DataType, Signature, Tensor};
 
 /// A decoded inference request, independent of protocol.
 #[derive(Debug, Clone, PartialEq)]
@@ -175,295 +176,15 @@ pub(crate) fn refuse_unsupported<'a>(
     Ok(())
 }
 
-/// A JSON value for an error message, cut short when long.
-fn show(v: &Value) -> String {
-    let s = v.to_string();
-    match s.char_indices().nth(40) {
-        Some((cut, _)) => format!("{}...", &s[..cut]),
-        None => s,
-    }
-}
-
-/// Converts JSON values to elements of `dtype`; `what` names the tensor in
-/// errors (e.g. "input `x`"). Float types take any number (ints included) and
-/// refuse values their type cannot hold; int types take integral numbers in
-/// range (1.5 is refused, 2.0 is 2); BOOL takes `true`/`false`; BYTES takes
-/// strings (their UTF-8 bytes).
-pub(crate) fn parse_elements(what: &str, dtype: DataType, values: &[&Value]) -> Result<TensorData, Error> {
-    let bad = |i: usize, v: &Value, expected: &str| {
-        Error::invalid(format!(
-            "{what}: element {i} is {}, expected {expected} for {dtype}",
-            show(v)
-        ))
-    };
-    let out_of_range = |i: usize, v: &Value| {
-        Error::invalid(format!(
-            "{what}: element {i} is {}, out of range for {dtype}",
-            show(v)
-        ))
-    };
-    let int = |i: usize, v: &Value| -> Result<i128, Error> {
-        let Value::Number(n) = v else {
-            return Err(bad(i, v, "an integer"));
-        };
-        if let Some(x) = n.as_i64() {
-            return Ok(x.into());
-        }
-        if let Some(x) = n.as_u64() {
-            return Ok(x.into());
-        }
-        let f = n.as_f64().unwrap_or(f64::NAN);
-        if !f.is_finite() || f.fract() != 0.0 {
-            return Err(bad(i, v, "an integer"));
-        }
-        if f.abs() >= 1e38 {
-            return Err(out_of_range(i, v));
-        }
-        Ok(f as i128)
-    };
-    let float = |i: usize, v: &Value| match v {
-        Value::Number(n) => n.as_f64().ok_or_else(|| bad(i, v, "a number")),
-        _ => Err(bad(i, v, "a number")),
-    };
-    macro_rules! each {
-        ($variant:ident, |$i:ident, $v:ident| $body:expr) => {
-            TensorData::$variant(
-                values
-                    .iter()
-                    .enumerate()
-                    .map(|($i, &$v)| $body)
-                    .collect::<Result<_, Error>>()?,
-            )
-        };
-    }
-    macro_rules! ints {
-        ($variant:ident) => {
-            each!($variant, |i, v| int(i, v)?
-                .try_into()
-                .map_err(|_| out_of_range(i, v)))
-        };
-    }
-    // A finite number that its type turns into infinity does not fit.
-    macro_rules! floats {
-        ($variant:ident, $conv:expr) => {
-            each!($variant, |i, v| {
-                let x = float(i, v)?;
-                let y = $conv(x);
-                if y.is_infinite() {
-                    Err(out_of_range(i, v))
-                } else {
-                    Ok(y)
-                }
-            })
-        };
-    }
-    Ok(match dtype {
-        DataType::Bool => each!(Bool, |i, v| v.as_bool().ok_or_else(|| bad(i, v, "true or false"))),
-        DataType::U8 => ints!(U8),
-        DataType::U16 => ints!(U16),
-        DataType::U32 => ints!(U32),
-        DataType::U64 => ints!(U64),
-        DataType::I8 => ints!(I8),
-        DataType::I16 => ints!(I16),
-        DataType::I32 => ints!(I32),
-        DataType::I64 => ints!(I64),
-        DataType::F16 => floats!(F16, half::f16::from_f64),
-        DataType::Bf16 => floats!(Bf16, half::bf16::from_f64),
-        DataType::F32 => floats!(F32, |x: f64| x as f32),
-        DataType::F64 => floats!(F64, |x: f64| x),
-        DataType::Bytes => each!(Bytes, |i, v| match v {
-            Value::String(s) => Ok(s.as_bytes().to_vec()),
-            _ => Err(bad(i, v, "a string")),
-        }),
-    })
-}
-
-/// A 32-bit float as JSON: its shortest decimal form (0.1, not
-/// 0.10000000149011612); NaN and infinities as `null`.
-fn f32_to_json(x: f32) -> Value {
-    if !x.is_finite() {
-        return Value::Null;
-    }
-    serde_json::Number::from_f64(f32_wide(x)).map_or(Value::Null, Value::Number)
-}
-
-/// The f64 that a 32-bit float is written as in JSON: the f64 nearest its
-/// shortest decimal form (0.1, not 0.10000000149011612).
-fn f32_wide(x: f32) -> f64 {
-    // Rust's own shortest form (ryu differs on ties: 2110626.25 is "…26.3"
-    // here, "…26.2" there), written to the stack: no allocation.
-    struct Stack([u8; 64], usize);
-    impl std::fmt::Write for Stack {
-        fn write_str(&mut self, s: &str) -> std::fmt::Result {
-            let end = self.1 + s.len();
-            self.0
-                .get_mut(self.1..end)
-                .ok_or(std::fmt::Error)?
-                .copy_from_slice(s.as_bytes());
-            self.1 = end;
-            Ok(())
-        }
-    }
-    let mut buf = Stack([0; 64], 0);
-    if std::fmt::Write::write_fmt(&mut buf, format_args!("{x}")).is_err() {
-        return f64::from(x);
-    }
-    std::str::from_utf8(&buf.0[..buf.1])
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(f64::from(x))
-}
-
-/// A tensor's elements as a flat JSON array, serialized straight from the
-/// typed vector (no `Value` per element); the same text as
-/// [`element_to_json`] gives element by element.
-pub(crate) struct JsonElements<'a>(pub &'a TensorData);
-
-impl serde::Serialize for JsonElements<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeSeq;
-        fn float<S: SerializeSeq>(seq: &mut S, x: f64) -> Result<(), S::Error> {
-            match x.is_finite() {
-                true => seq.serialize_element(&x),
-                false => seq.serialize_element(&()),
-            }
-        }
-        let data = self.0;
-        let mut seq = s.serialize_seq(Some(data.len()))?;
-        macro_rules! each {
-            ($v:expr, |$x:ident| $body:expr) => {
-                for $x in $v.iter() {
-                    $body?;
-                }
-            };
-        }
-        let small = |x: f32| if x.is_finite() { f32_wide(x) } else { f64::NAN };
-        match data {
-            TensorData::Bool(v) => each!(v, |x| seq.serialize_element(x)),
-            TensorData::U8(v) => each!(v, |x| seq.serialize_element(x)),
-            TensorData::U16(v) => each!(v, |x| seq.serialize_element(x)),
-            TensorData::U32(v) => each!(v, |x| seq.serialize_element(x)),
-            TensorData::U64(v) => each!(v, |x| seq.serialize_element(x)),
-            TensorData::I8(v) => each!(v, |x| seq.serialize_element(x)),
-            TensorData::I16(v) => each!(v, |x| seq.serialize_element(x)),
-            TensorData::I32(v) => each!(v, |x| seq.serialize_element(x)),
-            TensorData::I64(v) => each!(v, |x| seq.serialize_element(x)),
-            TensorData::F16(v) => each!(v, |x| float(&mut seq, small(x.to_f32()))),
-            TensorData::Bf16(v) => each!(v, |x| float(&mut seq, small(x.to_f32()))),
-            TensorData::F32(v) => each!(v, |x| float(&mut seq, small(*x))),
-            TensorData::F64(v) => each!(v, |x| float(&mut seq, *x)),
-            TensorData::Bytes(v) => each!(v, |x| seq.serialize_element(&String::from_utf8_lossy(x))),
-        }
-        seq.end()
-    }
-}
-
-/// Element `i` of `data` as JSON: FP16/BF16 as f32 numbers, BYTES as a string
-/// (lossy UTF-8), NaN and infinities as `null`. Panics if `i` is out of bounds.
-pub(crate) fn element_to_json(data: &TensorData, i: usize) -> Value {
-    match data {
-        TensorData::Bool(v) => Value::Bool(v[i]),
-        TensorData::U8(v) => v[i].into(),
-        TensorData::U16(v) => v[i].into(),
-        TensorData::U32(v) => v[i].into(),
-        TensorData::U64(v) => v[i].into(),
-        TensorData::I8(v) => v[i].into(),
-        TensorData::I16(v) => v[i].into(),
-        TensorData::I32(v) => v[i].into(),
-        TensorData::I64(v) => v[i].into(),
-        TensorData::F16(v) => f32_to_json(v[i].to_f32()),
-        TensorData::Bf16(v) => f32_to_json(v[i].to_f32()),
-        TensorData::F32(v) => f32_to_json(v[i]),
-        TensorData::F64(v) => serde_json::Number::from_f64(v[i]).map_or(Value::Null, Value::Number),
-        TensorData::Bytes(v) => Value::String(String::from_utf8_lossy(&v[i]).into_owned()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::TensorSpec;
-    use serde_json::json;
-
-    fn parse(dtype: DataType, values: Value) -> Result<TensorData, Error> {
-        let values: Vec<&Value> = values.as_array().unwrap().iter().collect();
-        parse_elements("input `x`", dtype, &values)
-    }
+    use crate::tensor::{TensorData, TensorSpec};
 
     fn err(r: Result<impl std::fmt::Debug, Error>) -> String {
         let e = r.unwrap_err();
         assert_eq!(e.kind(), crate::error::ErrorKind::InvalidInput, "{e}");
         e.to_string()
-    }
-
-    #[test]
-    fn every_datatype_round_trips_through_json() {
-        let cases = [
-            (DataType::Bool, json!([true, false])),
-            (DataType::U8, json!([0, 255])),
-            (DataType::U16, json!([0, 65535])),
-            (DataType::U32, json!([0, 4294967295u32])),
-            (DataType::U64, json!([0, u64::MAX])),
-            (DataType::I8, json!([-128, 127])),
-            (DataType::I16, json!([-32768, 32767])),
-            (DataType::I32, json!([i32::MIN, i32::MAX])),
-            (DataType::I64, json!([i64::MIN, i64::MAX])),
-            (DataType::F16, json!([0.5, -2.0])),
-            (DataType::Bf16, json!([0.5, -2.0])),
-            (DataType::F32, json!([0.1, -2.5])),
-            (DataType::F64, json!([0.1, 1e300])),
-            (DataType::Bytes, json!(["héllo", ""])),
-        ];
-        for (dtype, values) in cases {
-            let data = parse(dtype, values.clone()).unwrap();
-            assert_eq!(data.dtype(), dtype);
-            let back: Vec<Value> = (0..data.len()).map(|i| element_to_json(&data, i)).collect();
-            assert_eq!(Value::Array(back), values, "{dtype}");
-        }
-    }
-
-    #[test]
-    fn ints_are_accepted_for_floats_and_integral_floats_for_ints() {
-        assert_eq!(
-            parse(DataType::F32, json!([1, 2])).unwrap(),
-            TensorData::F32(vec![1.0, 2.0])
-        );
-        assert_eq!(
-            parse(DataType::I32, json!([2.0])).unwrap(),
-            TensorData::I32(vec![2])
-        );
-    }
-
-    #[test]
-    fn float_for_int_is_refused() {
-        let m = err(parse(DataType::I32, json!([1, 1.5])));
-        assert_eq!(m, "input `x`: element 1 is 1.5, expected an integer for INT32");
-    }
-
-    #[test]
-    fn out_of_range_values_are_refused() {
-        let m = err(parse(DataType::U8, json!([1, 2, 3, 4, 300])));
-        assert_eq!(m, "input `x`: element 4 is 300, out of range for UINT8");
-        assert!(err(parse(DataType::U64, json!([-1]))).contains("out of range for UINT64"));
-        assert!(err(parse(DataType::F16, json!([70000]))).contains("out of range for FP16"));
-        assert!(err(parse(DataType::F32, json!([1e300]))).contains("out of range for FP32"));
-    }
-
-    #[test]
-    fn wrong_json_types_are_refused() {
-        let m = err(parse(DataType::F32, json!([1.0, "abc"])));
-        assert_eq!(m, "input `x`: element 1 is \"abc\", expected a number for FP32");
-        assert!(err(parse(DataType::Bool, json!([1]))).contains("expected true or false for BOOL"));
-        assert!(err(parse(DataType::Bytes, json!([1]))).contains("expected a string for BYTES"));
-        assert!(err(parse(DataType::F64, json!([null]))).contains("element 0 is null"));
-    }
-
-    #[test]
-    fn non_finite_floats_encode_as_null() {
-        let data = TensorData::F32(vec![f32::NAN, f32::INFINITY, 1.0]);
-        assert_eq!(element_to_json(&data, 0), Value::Null);
-        assert_eq!(element_to_json(&data, 1), Value::Null);
-        assert_eq!(element_to_json(&data, 2), json!(1.0));
     }
 
     fn sig() -> Signature {
@@ -560,88 +281,5 @@ mod tests {
         assert_eq!(m, "model `mdl` has no output `q`; its outputs are `y`, `z`");
         let m = err(check(vec![x(1), self::m(1)], Some(vec!["y", "y"])));
         assert_eq!(m, "output `y` is requested more than once");
-    }
-
-    /// The JSON text of a float as sluice always wrote it: the f32's
-    /// shortest decimal (Rust's `Display`) read back as an f64, then written
-    /// by serde_json; an independent oracle for [`JsonElements`].
-    fn old_float(x: f32) -> Value {
-        match x.is_finite() {
-            true => serde_json::Number::from_f64(x.to_string().parse().unwrap())
-                .map_or(Value::Null, Value::Number),
-            false => Value::Null,
-        }
-    }
-
-    #[test]
-    fn typed_json_encoding_is_byte_identical_to_the_value_encoding() {
-        let mut bits = 0x9e37_79b9u32;
-        let mut floats: Vec<f32> = (0..200_000)
-            .map(|_| {
-                bits ^= bits << 13;
-                bits ^= bits >> 17;
-                bits ^= bits << 5;
-                f32::from_bits(bits)
-            })
-            .collect();
-        floats.extend([
-            0.0,
-            -0.0,
-            1.0,
-            3.0,
-            0.1,
-            1e14,
-            1e15,
-            1e16,
-            1.5e16,
-            1e17,
-            123456789.0,
-            1e-5,
-            1e-6,
-            1e-45,
-            f32::MAX,
-            f32::MIN,
-            f32::MIN_POSITIVE,
-            f32::EPSILON,
-            f32::NAN,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-        ]);
-        let text = |d: &TensorData| serde_json::to_string(&JsonElements(d)).unwrap();
-        for &x in &floats {
-            let want = Value::Array(vec![old_float(x)]).to_string();
-            assert_eq!(
-                text(&TensorData::F32(vec![x])),
-                want,
-                "{x:e} ({:#x})",
-                x.to_bits()
-            );
-        }
-        let want = Value::Array(floats.iter().map(|&x| old_float(x)).collect()).to_string();
-        assert!(text(&TensorData::F32(floats.clone())) == want);
-        let doubles: Vec<f64> = floats
-            .iter()
-            .map(|&x| f64::from(x) * 1.000_000_1)
-            .chain([f64::MAX, f64::NAN])
-            .collect();
-        let via_values =
-            |d: &TensorData| Value::Array((0..d.len()).map(|i| element_to_json(d, i)).collect()).to_string();
-        let others = [
-            TensorData::F64(doubles),
-            TensorData::F16(floats.iter().map(|&x| half::f16::from_f32(x)).collect()),
-            TensorData::Bf16(floats.iter().map(|&x| half::bf16::from_f32(x)).collect()),
-            TensorData::I64(vec![i64::MIN, -1, 0, i64::MAX]),
-            TensorData::U64(vec![0, u64::MAX]),
-            TensorData::U8(vec![0, 255]),
-            TensorData::Bool(vec![true, false]),
-            TensorData::Bytes(vec![b"a\"\n".to_vec(), vec![0xff, 0xfe], "é".as_bytes().to_vec()]),
-        ];
-        for d in &others {
-            assert_eq!(text(d), via_values(d), "{:?}", d.dtype());
-        }
-        // FP16 values through the old f32 path too.
-        let h: Vec<half::f16> = floats.iter().map(|&x| half::f16::from_f32(x)).collect();
-        let want = Value::Array(h.iter().map(|x| old_float(x.to_f32())).collect()).to_string();
-        assert_eq!(text(&TensorData::F16(h)), want);
     }
 }

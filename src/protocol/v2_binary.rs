@@ -61,7 +61,7 @@ fn bool_param(params: Option<&Map<String, Value>>, key: &str, what: &str) -> Res
         Some(Value::Bool(b)) => Ok(Some(*b)),
         Some(other) => Err(Error::invalid(format!(
             "{what}: parameter `{key}` must be true or false, got {}",
-            super::show(other)
+            super::json::show(other)
         ))),
     }
 }
@@ -189,7 +189,7 @@ fn binary_size(input: &RequestInput<'_>, what: &str) -> Result<Option<usize>, Er
             .ok_or_else(|| {
                 Error::invalid(format!(
                     "{what}: `binary_data_size` must be a non-negative integer, got {}",
-                    super::show(v)
+                    super::json::show(v)
                 ))
             }),
     }
