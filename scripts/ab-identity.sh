@@ -8,7 +8,9 @@
 # binary alike); compare the medians. Also prints each server's idle RSS
 # (1 s after ready) and its RSS after the load.
 #
-# Usage: scripts/ab-identity.sh CONNS SECONDS ROUNDS BINARY...
+# Usage: scripts/ab-identity.sh [--spread] CONNS SECONDS ROUNDS BINARY...
+#   --spread: the repository also holds 100 copies (identity_000..identity_099)
+#             and the requests go round-robin over them (a batch per request).
 #   e.g. cargo build --release && cp target/release/sluice /tmp/a
 #        cargo build --release --features mimalloc && cp target/release/sluice /tmp/b
 #        scripts/ab-identity.sh 64 4 3 /tmp/a /tmp/b
@@ -16,7 +18,12 @@
 set -euo pipefail
 
 die() { echo "ab-identity: error: $*" >&2; exit 1; }
-[[ $# -ge 4 ]] || die "usage: $0 CONNS SECONDS ROUNDS BINARY..."
+spread=0
+if [[ "${1:-}" == --spread ]]; then
+  spread=1
+  shift
+fi
+[[ $# -ge 4 ]] || die "usage: $0 [--spread] CONNS SECONDS ROUNDS BINARY..."
 command -v wrk >/dev/null || die "wrk not found (apt-get install wrk)"
 conns=$1 seconds=$2 rounds=$3
 shift 3
@@ -31,8 +38,18 @@ cp -r "$root/tests/fixtures/models/identity" "$root/model-repository/mlp" "$work
 cat > "$work/post.lua" <<'EOF'
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{"inputs":[{"name":"x","shape":[1,16],"datatype":"FP32","data":[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.3,1.4,1.5,1.6]}]}'
+wrk.body = '{"inputs":[{"name":"input","shape":[1,16],"datatype":"FP32","data":[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.3,1.4,1.5,1.6]}]}'
 EOF
+if [[ $spread == 1 ]]; then
+  for i in $(seq -w 0 99); do cp -r "$root/tests/fixtures/models/identity" "$work/repo/identity_0$i"; done
+  cat >> "$work/post.lua" <<'EOF'
+local i = 0
+request = function()
+  i = (i + 1) % 100
+  return wrk.format(nil, string.format("/v2/models/identity_%03d/infer", i))
+end
+EOF
+fi
 
 port=18600
 for _ in $(seq 1 "$rounds"); do
@@ -41,7 +58,7 @@ for _ in $(seq 1 "$rounds"); do
     RUST_LOG=warn "$bin" serve --config "$work/empty.toml" --model-repository "$work/repo" \
       --host 127.0.0.1 --http-port "$port" --grpc-port "$((port + 1))" > "$work/server.log" 2>&1 &
     pid=$!
-    for _ in $(seq 1 200); do
+    for _ in $(seq 1 600); do
       [[ "$(curl -s -o /dev/null -w '%{http_code}' "localhost:$port/v2/health/ready" || true)" == 200 ]] && break
       sleep 0.1
     done
@@ -54,6 +71,9 @@ for _ in $(seq 1 "$rounds"); do
     cpu1=$(awk '{print $14 + $15}' "/proc/$pid/stat")
     rss_load=$(awk '/VmRSS/ {print $2}' "/proc/$pid/status")
     n=$(awk '/requests in/ {print $1}' <<< "$out")
+    if grep -q "Non-2xx" <<< "$out"; then
+      die "$bin answered errors: $(grep Non-2xx <<< "$out"); see $work/server.log"
+    fi
     rps=$(awk '/Requests\/sec/ {print $2}' <<< "$out")
     ticks=$(getconf CLK_TCK)
     us=$(awk -v d="$((cpu1 - cpu0))" -v n="$n" -v t="$ticks" 'BEGIN {printf "%.1f", d * 1e6 / t / n}')

@@ -4,7 +4,7 @@
 //! sets (`protocol`, `status`, `trigger`, `result`, `reason`).
 
 use std::collections::HashMap;
-use std::sync::{OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use metrics::{
@@ -168,48 +168,76 @@ fn describe() {
     );
 }
 
-/// A batch was dispatched.
-pub fn batch_dispatched(model: &str, rows: usize, trigger: &'static str) {
-    histogram!(BATCH_SIZE, "model" => model.to_string()).record(rows as f64);
-    counter!(BATCHES, "model" => model.to_string(), "trigger" => trigger).increment(1);
-}
-
 /// A padded model's batch was dispatched: padded elements ÷ all its input elements.
 pub fn padding_ratio(model: &str, ratio: f64) {
     histogram!(PADDING_RATIO, "model" => model.to_string()).record(ratio);
 }
 
-/// One model's per-request series, registered once (by its batcher): a
-/// `gauge!` or `histogram!` with a label allocates the label and looks the
-/// series up by hash at every call, which cost more than the update itself.
+/// One model's per-request and per-batch series, registered once (by its
+/// batcher): a `gauge!` or `histogram!` with a label allocates the label and
+/// looks the series up by hash at every call, which cost more than the
+/// update itself. Cheap to clone (the batcher's handle and its task share it).
 #[derive(Clone)]
-pub struct ModelMetrics {
+pub struct ModelMetrics(Arc<ModelSeries>);
+
+struct ModelSeries {
+    model: String,
     queue_size: Gauge,
     queue_delay: Histogram,
+    /// Registered at the first batch, so that a model that never ran shows none.
+    batch_size: OnceLock<Histogram>,
+    inference: OnceLock<Histogram>,
+    /// `sluice_batches_total` by trigger, registered at a trigger's first
+    /// batch. Locked by the batching task only (uncontended).
+    batches: Mutex<Vec<(&'static str, Counter)>>,
 }
 
 impl ModelMetrics {
     pub fn new(model: &str) -> ModelMetrics {
-        ModelMetrics {
+        ModelMetrics(Arc::new(ModelSeries {
+            model: model.to_string(),
             queue_size: gauge!(QUEUE_SIZE, "model" => model.to_string()),
             queue_delay: histogram!(QUEUE_DELAY, "model" => model.to_string()),
-        }
+            batch_size: OnceLock::new(),
+            inference: OnceLock::new(),
+            batches: Mutex::new(Vec::new()),
+        }))
     }
 
     /// Requests waiting for the model now.
     pub fn queue_size(&self, n: usize) {
-        self.queue_size.set(n as f64);
+        self.0.queue_size.set(n as f64);
     }
 
     /// One request's wait from arrival to dispatch.
     pub fn queue_delay(&self, delay: Duration) {
-        self.queue_delay.record(delay.as_secs_f64());
+        self.0.queue_delay.record(delay.as_secs_f64());
     }
-}
 
-/// A session run finished.
-pub fn inference(model: &str, took: Duration) {
-    histogram!(INFERENCE_DURATION, "model" => model.to_string()).record(took.as_secs_f64());
+    /// A batch of `rows` was dispatched, for `trigger`.
+    pub fn batch_dispatched(&self, rows: usize, trigger: &'static str) {
+        let m = &self.0;
+        m.batch_size
+            .get_or_init(|| histogram!(BATCH_SIZE, "model" => m.model.clone()))
+            .record(rows as f64);
+        let mut batches = m.batches.lock().expect("batch counters lock poisoned");
+        match batches.iter().find(|(t, _)| *t == trigger) {
+            Some((_, c)) => c.increment(1),
+            None => {
+                let c = counter!(BATCHES, "model" => m.model.clone(), "trigger" => trigger);
+                c.increment(1);
+                batches.push((trigger, c));
+            }
+        }
+    }
+
+    /// A session run finished.
+    pub fn inference(&self, took: Duration) {
+        let m = &self.0;
+        m.inference
+            .get_or_init(|| histogram!(INFERENCE_DURATION, "model" => m.model.clone()))
+            .record(took.as_secs_f64());
+    }
 }
 
 /// A request was answered: `status` is `ok` or the error's kind.

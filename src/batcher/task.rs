@@ -186,7 +186,7 @@ fn dispatch(
 ) {
     let now = Instant::now();
     let rows: usize = batch.iter().map(|e| e.rows).sum();
-    metrics::batch_dispatched(&shared.model, rows, trigger.as_str());
+    shared.metrics.batch_dispatched(rows, trigger.as_str());
     if let Some(p) = &shared.padding {
         let parts: Vec<&[Tensor]> = batch.iter().map(|e| &e.inputs[..]).collect();
         let max = longest(&batch);
@@ -314,7 +314,7 @@ async fn run(shared: &Shared, batch: &mut [Entry]) -> Result<Ran, Error> {
     let model = shared.model.to_string();
     match result {
         Ok((outputs, infer)) => {
-            metrics::inference(&shared.model, infer);
+            shared.metrics.inference(infer);
             if let Some(bad) = outputs.iter().find(|t| t.rows() != rows || t.shape.is_empty()) {
                 return Err(Error::Runtime {
                     model,
