@@ -408,6 +408,17 @@ mod tests {
     }
 
     #[test]
+    fn http_worker_threads_is_bounded_and_named() {
+        let mut cfg = Config::default();
+        cfg.http.worker_threads = 5000;
+        let errs = cfg.validate().unwrap_err();
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].contains("http.worker_threads") && errs[0].contains("5000"), "{errs:?}");
+        cfg.http.worker_threads = 1;
+        assert!(cfg.validate().is_ok());
+    }
+
+    #[test]
     fn shipped_config_file_documents_every_key_with_its_default() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/sluice.toml");
         let text = std::fs::read_to_string(&path).unwrap();

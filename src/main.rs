@@ -252,15 +252,21 @@ fn serve(file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
         Err(e) => return fail(e),
     };
     tracing::info!(config = ?cfg, "effective configuration");
-    tracing::info!(
-        cpu_concurrent_batches = cfg.cpu_concurrent_batches(),
-        default_intra_op_threads = cfg.default_intra_op_threads(),
-        "CPU thread budget"
-    );
-    let tokio = match tokio::runtime::Runtime::new() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if cfg.http.worker_threads > 0 {
+        builder.worker_threads(cfg.http.worker_threads);
+    }
+    let tokio = match builder.build() {
         Ok(t) => t,
         Err(e) => return fail(format!("cannot start the async runtime: {e}")),
     };
+    tracing::info!(
+        cpu_concurrent_batches = cfg.cpu_concurrent_batches(),
+        default_intra_op_threads = cfg.default_intra_op_threads(),
+        async_worker_threads = tokio.metrics().num_workers(),
+        "CPU thread budget"
+    );
     let result = tokio.block_on(async move {
         let server = sluice::Server::bind(cfg, Arc::new(rt)).await?;
         server.run(sluice::shutdown::signal()).await

@@ -308,3 +308,18 @@ async fn json_logs_carry_their_fields_and_onnx_runtime_stays_quiet_unless_named(
     let chatty = serve_log(repo.path(), "info,ort=info", &[]).await;
     assert!(from_ort(&chatty) > 10, "{chatty:#?}");
 }
+
+#[tokio::test]
+async fn http_worker_threads_sets_the_async_runtimes_workers() {
+    let repo = tempfile::tempdir().unwrap();
+    for want in [1usize, 3] {
+        let mut cmd = sluice();
+        cmd.env("SLUICE_HTTP__WORKER_THREADS", want.to_string());
+        let args = ["--model-repository".as_ref(), repo.path().as_os_str()];
+        let (mut child, mut log, _port) = spawn_serve(cmd, &args);
+        let line = log.wait_for(&["CPU thread budget"], Duration::from_secs(30));
+        assert!(line.contains(&format!("async_worker_threads={want}")), "{line}");
+        sigterm(&child);
+        assert_eq!(wait_for(&mut child, Duration::from_secs(30)).code(), Some(0));
+    }
+}

@@ -46,6 +46,9 @@ pub struct HttpConfig {
     /// Most bytes that accepted requests (HTTP and gRPC) may hold at once;
     /// 0 = a quarter of the memory the process may use.
     pub max_inflight_bytes: usize,
+    /// Threads that run both ports' protocol work and the batchers (the
+    /// async runtime's workers); 0 = one per core (or `TOKIO_WORKER_THREADS`).
+    pub worker_threads: usize,
 }
 
 /// The HTTP port's limits, validated and typed (from [`HttpConfig`]).
@@ -81,6 +84,7 @@ impl Default for HttpConfig {
             max_connections: 10_000,
             max_header_bytes: 64 << 10,
             max_inflight_bytes: 0,
+            worker_threads: 0,
         }
     }
 }
@@ -107,6 +111,12 @@ impl HttpConfig {
             if !(secs.is_finite() && secs > 0.0 && secs <= 86400.0) {
                 errs.push(format!("http.{key} must be > 0 and <= 86400 seconds, got {secs}"));
             }
+        }
+        if h.worker_threads > 1024 {
+            errs.push(format!(
+                "http.worker_threads must be 0 (one per core) ..= 1024, got {}",
+                h.worker_threads
+            ));
         }
         if !(1..=1_000_000).contains(&h.max_connections) {
             errs.push(format!(
