@@ -413,7 +413,10 @@ mod tests {
         cfg.http.worker_threads = 5000;
         let errs = cfg.validate().unwrap_err();
         assert_eq!(errs.len(), 1, "{errs:?}");
-        assert!(errs[0].contains("http.worker_threads") && errs[0].contains("5000"), "{errs:?}");
+        assert!(
+            errs[0].contains("http.worker_threads") && errs[0].contains("5000"),
+            "{errs:?}"
+        );
         cfg.http.worker_threads = 1;
         assert!(cfg.validate().is_ok());
     }
