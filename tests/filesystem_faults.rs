@@ -7,13 +7,11 @@
 //! (`wait_for`), never for a fixed time.
 
 mod common;
-use common::process::sigterm;
+use common::process::{sigterm, sluice, spawn_serve, wait_for as wait_exit};
 use common::reload::*;
 use common::*;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -157,68 +155,12 @@ async fn a_serving_model_whose_file_becomes_a_fifo_keeps_serving() {
     s.stop().await.unwrap();
 }
 
-/// A child `sluice serve` process, killed if the test fails before it exits.
-struct Child0(Child);
-
-impl Drop for Child0 {
-    fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-/// Starts the `sluice` binary on `repo` (ports 0) and returns it with its
-/// HTTP port, read from its "sluice listening" log line.
-fn spawn_sluice(repo: &Path) -> (Child0, u16) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .current_dir(root())
-        .env_remove("RUST_LOG")
-        .args([
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--http-port",
-            "0",
-            "--grpc-port",
-            "0",
-        ])
-        .arg("--model-repository")
-        .arg(repo)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = child.stderr.take().unwrap();
-    let child = Child0(child);
-    // stderr lines → this test, on a thread (it ends with the child's stderr).
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = rx.recv_timeout(left).expect("no `sluice listening` line in 30 s");
-        if let Some(port) = line
-            .contains("sluice listening")
-            .then(|| line.split("http=127.0.0.1:").nth(1))
-            .flatten()
-        {
-            let port = port.split(|c: char| !c.is_ascii_digit()).next().unwrap();
-            return (child, port.parse().unwrap());
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_with_endless_model_files_turns_ready_and_stops_on_sigterm() {
     let outside = tempfile::tempdir().unwrap();
     let repo = endless_repository(outside.path());
-    let (mut child, port) = spawn_sluice(repo.path());
+    let args = ["--model-repository".as_ref(), repo.path().as_os_str()];
+    let (mut child, _log, port) = spawn_serve(sluice(), &args);
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
         .build()
@@ -246,19 +188,9 @@ async fn a_server_with_endless_model_files_turns_ready_and_stops_on_sigterm() {
             .map(|e| (e["name"].as_str().unwrap().to_string(), e))
             .collect(),
     );
-    sigterm(&child.0);
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(status) = child.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "SIGTERM did not stop the server"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert_eq!(status.code(), Some(0));
+    sigterm(&child);
+    // SIGTERM stops the server (`wait_exit` panics after 20 s).
+    assert_eq!(wait_exit(&mut child, Duration::from_secs(20)).code(), Some(0));
 }
 
 /// `sluice_repository_watching`, if the server exports it.

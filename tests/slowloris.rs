@@ -7,10 +7,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::process::{spawn_serve, Lines, Reaped};
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -158,45 +158,21 @@ fn raise_own_file_limit() -> u64 {
 }
 
 /// `sluice serve` on an empty repository under `ulimit` settings `limits`
-/// (a shell's `ulimit` arguments), with `env` added; returns it and its HTTP port.
-fn spawn_limited(limits: &str, env: &[(&str, &str)]) -> (Reaped, Lines, u16) {
+/// (a shell's `ulimit` arguments), with `env` added; returns it, its stderr
+/// lines, its HTTP port and its repository (removed when dropped).
+fn spawn_limited(limits: &str, env: &[(&str, &str)]) -> (Reaped, Lines, u16, tempfile::TempDir) {
     let repo = repo_with(&[]);
+    // The binary and spawn_serve's arguments follow as "$0" "$@".
     let mut cmd = Command::new("bash");
     cmd.arg("-c")
         .arg(format!(r#"ulimit {limits} && exec "$0" "$@""#))
         .arg(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--http-port",
-            "0",
-            "--grpc-port",
-            "0",
-        ])
-        .arg("--model-repository")
-        .arg(repo.path())
         .current_dir(root())
         .env_remove("RUST_LOG")
-        .envs(env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = Reaped {
-        child: cmd.spawn().unwrap(),
-        _repo: repo,
-    };
-    let mut lines = Lines(
-        BufReader::new(child.child.stderr.take().unwrap()).lines(),
-        Vec::new(),
-    );
-    let port = lines
-        .until("sluice listening")
-        .split("http=127.0.0.1:")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|p| p.parse().ok())
-        .expect("no HTTP port in the log");
-    (child, lines, port)
+        .envs(env.iter().copied());
+    let args = ["--model-repository".as_ref(), repo.path().as_os_str()];
+    let (child, lines, port) = spawn_serve(cmd, &args);
+    (child, lines, port, repo)
 }
 
 /// The real binary with an open-file limit of 256 (soft and hard, so it
@@ -209,8 +185,7 @@ fn spawn_limited(limits: &str, env: &[(&str, &str)]) -> (Reaped, Lines, u16) {
 async fn five_hundred_slow_connections_do_not_lock_out_a_fresh_client() {
     let slow = 500usize.min(raise_own_file_limit().saturating_sub(200) as usize);
     let timeout = [("SLUICE_HTTP__HEADER_READ_TIMEOUT_SECONDS", "600")];
-    let (mut child, lines, port) = spawn_limited("-Sn 256 && ulimit -Hn 256", &timeout);
-    lines.drain();
+    let (mut child, _lines, port, _repo) = spawn_limited("-Sn 256 && ulimit -Hn 256", &timeout);
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let mut held = Vec::new();
     for _ in 0..slow {
@@ -237,7 +212,7 @@ async fn five_hundred_slow_connections_do_not_lock_out_a_fresh_client() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    assert!(child.child.try_wait().unwrap().is_none(), "sluice exited");
+    assert!(child.try_wait().unwrap().is_none(), "sluice exited");
     drop(held);
 }
 
@@ -249,47 +224,10 @@ fn the_soft_open_file_limit_is_raised_to_the_hard_one() {
         return;
     }
     // Raised while binding, so logged before `sluice listening`.
-    let (_child, lines, _) = spawn_limited("-Sn 256", &[]);
-    let raised = lines.1.iter().find(|l| l.contains("open-file limit raised"));
-    let raised = raised.unwrap_or_else(|| panic!("not raised:\n{}", lines.1.join("\n")));
+    let (_child, mut lines, _, _repo) = spawn_limited("-Sn 256", &[]);
+    let raised = lines.wait_for(&["open-file limit raised"], Duration::ZERO);
     assert!(
         raised.contains("from=256") && raised.contains(&format!("to={hard}")),
         "{raised}"
     );
-}
-
-/// A child that is killed (and its repository removed) when the test ends.
-struct Reaped {
-    child: std::process::Child,
-    _repo: tempfile::TempDir,
-}
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The child's stderr, line by line, and the lines read so far.
-struct Lines(std::io::Lines<BufReader<std::process::ChildStderr>>, Vec<String>);
-
-impl Lines {
-    /// The first line to come containing `needle` (panics if the child's
-    /// log ends first).
-    fn until(&mut self, needle: &str) -> String {
-        for line in self.0.by_ref() {
-            let line = line.unwrap();
-            self.1.push(line.clone());
-            if line.contains(needle) {
-                return line;
-            }
-        }
-        panic!("sluice's log ended without `{needle}`:\n{}", self.1.join("\n"));
-    }
-
-    /// Keeps reading on a thread, so the child never blocks on a full pipe.
-    fn drain(self) {
-        std::thread::spawn(move || self.0.for_each(drop));
-    }
 }
