@@ -20,10 +20,10 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use common::batching::{repo, Lcg};
+use common::batching::{assert_batches_group_equal, repo, Lcg};
 use common::minilm::*;
 use common::prometheus::Metrics;
 use common::*;
@@ -207,19 +207,11 @@ async fn without_padding_lengths_never_mix() {
             (a.batch_id.unwrap(), r.len)
         }));
     }
-    let mut by_batch: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    let mut results = Vec::new();
     for t in tasks {
-        let (id, len) = t.await.unwrap();
-        by_batch.entry(id).or_default().push(len);
+        results.push(t.await.unwrap());
     }
-    for (id, lens) in &by_batch {
-        let distinct: BTreeSet<_> = lens.iter().collect();
-        assert_eq!(distinct.len(), 1, "batch {id} mixed lengths {lens:?}");
-    }
-    assert!(
-        by_batch.values().any(|l| l.len() > 1),
-        "equal lengths should share: {by_batch:?}"
-    );
+    assert_batches_group_equal("lengths", results);
     let m = Metrics::scrape(&s).await;
     assert!(!m.has("sluice_batch_padding_ratio_count", &[("model", model)]));
     Arc::into_inner(s).unwrap().stop().await.unwrap();

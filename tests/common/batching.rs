@@ -79,3 +79,21 @@ impl Lcg {
         (self.0 >> 33) % n
     }
 }
+
+/// Asserts that no batch mixed requests of different `what` (each batch id's
+/// keys are all equal) and that requests of equal `what` did share a batch.
+/// `results`: (batch id, key) of each request.
+pub fn assert_batches_group_equal(what: &str, results: impl IntoIterator<Item = (String, usize)>) {
+    let mut by_batch: std::collections::BTreeMap<String, Vec<usize>> = Default::default();
+    for (id, key) in results {
+        by_batch.entry(id).or_default().push(key);
+    }
+    for (id, keys) in &by_batch {
+        let distinct: std::collections::BTreeSet<_> = keys.iter().collect();
+        assert_eq!(distinct.len(), 1, "batch {id} mixed {what} {keys:?}");
+    }
+    assert!(
+        by_batch.values().any(|k| k.len() > 1),
+        "requests of equal {what} should share batches: {by_batch:?}"
+    );
+}
