@@ -7,6 +7,7 @@
 //! the f64 nearest rounded again), and a body costs a few bytes per element
 //! instead of a `Value` of 32 bytes plus its array.
 
+use super::json_number::{self, Decimal};
 use super::DataType;
 use crate::error::Error;
 use crate::tensor::TensorData;
@@ -24,22 +25,34 @@ pub(crate) fn decode(
     shape: &[i64],
 ) -> Result<TensorData, Error> {
     let mut n = 0usize;
+    // `$parse(index, rest)` reads the leaf at the front of `rest` and gives
+    // (element, bytes read).
     macro_rules! collect {
         ($variant:ident, $parse:expr) => {{
             let mut out = Vec::with_capacity(capacity(count, raw));
-            each_leaf(what, raw, |tok| {
+            each_leaf(what, raw, |rest| {
+                let (x, len) = $parse(n, rest)?;
                 if n < count {
-                    out.push($parse(n, tok)?);
+                    out.push(x);
                 }
                 n += 1;
-                Ok(())
+                Ok(len)
             })?;
             TensorData::$variant(out)
         }};
     }
+    // Leaves parsed from their whole token.
+    macro_rules! token {
+        ($parse:expr) => {
+            |i, rest: &str| -> Result<_, Error> {
+                let tok = &rest[..token_len(rest)];
+                Ok(($parse(i, tok)?, tok.len()))
+            }
+        };
+    }
     let e = Elements { what, dtype };
     let data = match dtype {
-        DataType::Bool => collect!(Bool, |i, t| e.boolean(i, t)),
+        DataType::Bool => collect!(Bool, token!(|i, t| e.boolean(i, t))),
         DataType::U8 => collect!(U8, |i, t| e.int(i, t)),
         DataType::U16 => collect!(U16, |i, t| e.int(i, t)),
         DataType::U32 => collect!(U32, |i, t| e.int(i, t)),
@@ -48,21 +61,17 @@ pub(crate) fn decode(
         DataType::I16 => collect!(I16, |i, t| e.int(i, t)),
         DataType::I32 => collect!(I32, |i, t| e.int(i, t)),
         DataType::I64 => collect!(I64, |i, t| e.int(i, t)),
-        DataType::F16 => collect!(F16, |i, t| e.float(
-            i,
-            t,
-            half::f16::from_f64,
-            half::f16::is_infinite
-        )),
-        DataType::Bf16 => collect!(Bf16, |i, t| e.float(
-            i,
-            t,
-            half::bf16::from_f64,
-            half::bf16::is_infinite
-        )),
-        DataType::F32 => collect!(F32, |i, t| e.number::<f32>(i, t)),
-        DataType::F64 => collect!(F64, |i, t| e.number::<f64>(i, t)),
-        DataType::Bytes => collect!(Bytes, |i, t| e.bytes(i, t)),
+        DataType::F16 => collect!(
+            F16,
+            token!(|i, t| e.float(i, t, half::f16::from_f64, half::f16::is_infinite))
+        ),
+        DataType::Bf16 => collect!(
+            Bf16,
+            token!(|i, t| e.float(i, t, half::bf16::from_f64, half::bf16::is_infinite))
+        ),
+        DataType::F32 => collect!(F32, |i, t| e.fast(i, t, Decimal::to_f32)),
+        DataType::F64 => collect!(F64, |i, t| e.fast(i, t, Decimal::to_f64)),
+        DataType::Bytes => collect!(Bytes, token!(|i, t| e.bytes(i, t))),
     };
     if n != count {
         return Err(Error::invalid(format!(
@@ -80,10 +89,12 @@ fn capacity(count: usize, raw: &str) -> usize {
     count.min(raw.len() / 2 + 1)
 }
 
-/// Calls `leaf` with the text of every leaf of the JSON array `raw`, in
-/// row-major order. `raw` is valid JSON (serde_json checked it); an object
-/// anywhere, or a top level that is not an array, is an error.
-fn each_leaf(what: &str, raw: &str, mut leaf: impl FnMut(&str) -> Result<(), Error>) -> Result<(), Error> {
+/// Calls `leaf` at every leaf of the JSON array `raw`, in row-major order,
+/// with the text from the leaf's first byte to the end of `raw`; `leaf`
+/// returns the length of the leaf's token. `raw` is valid JSON (serde_json
+/// checked it); an object anywhere, or a top level that is not an array, is
+/// an error.
+fn each_leaf(what: &str, raw: &str, mut leaf: impl FnMut(&str) -> Result<usize, Error>) -> Result<(), Error> {
     let b = raw.as_bytes();
     let start = b.iter().position(|c| !c.is_ascii_whitespace()).unwrap_or(b.len());
     if b.get(start) != Some(&b'[') {
@@ -108,25 +119,33 @@ fn each_leaf(what: &str, raw: &str, mut leaf: impl FnMut(&str) -> Result<(), Err
                     "{what}: `data` holds an object; expected numbers, booleans or strings in (nested) arrays"
                 )))
             }
-            b'"' => {
-                let from = i;
-                i += 1;
-                while i < b.len() && b[i] != b'"' {
-                    i += if b[i] == b'\\' { 2 } else { 1 };
-                }
-                leaf(&raw[from..=i.min(b.len() - 1)])?;
-            }
+            // A leaf: its token ends before the next structural byte.
             _ => {
-                let from = i;
-                while i + 1 < b.len() && !matches!(b[i + 1], b',' | b']' | b' ' | b'\n' | b'\r' | b'\t') {
-                    i += 1;
-                }
-                leaf(&raw[from..=i])?;
+                i += leaf(&raw[i..])?.max(1);
+                continue;
             }
         }
         i += 1;
     }
     Ok(())
+}
+
+/// Length of the JSON token at the front of `rest`: a whole string (escapes
+/// included), or up to the next `,` `]` or whitespace.
+fn token_len(rest: &str) -> usize {
+    let b = rest.as_bytes();
+    let mut i = 0;
+    if b.first() == Some(&b'"') {
+        i = 1;
+        while i < b.len() && b[i] != b'"' {
+            i += if b[i] == b'\\' { 2 } else { 1 };
+        }
+        return (i + 1).min(b.len());
+    }
+    while i < b.len() && !matches!(b[i], b',' | b']' | b' ' | b'\n' | b'\r' | b'\t') {
+        i += 1;
+    }
+    i.max(1)
 }
 
 /// A JSON token for an error message, cut short when long.
@@ -199,8 +218,37 @@ impl Elements<'_> {
         }
     }
 
+    /// A float leaf at the front of `rest`: in one pass by `fast` when it
+    /// can (a short decimal, see [`super::json_number`]), else from its
+    /// token by the standard library.
+    fn fast<T: std::str::FromStr + Copy + Into<f64>>(
+        &self,
+        i: usize,
+        rest: &str,
+        fast: fn(Decimal) -> Option<T>,
+    ) -> Result<(T, usize), Error> {
+        if let Some(d) = json_number::scan(rest.as_bytes()) {
+            if let Some(x) = fast(d) {
+                return Ok((x, d.len));
+            }
+        }
+        let tok = &rest[..token_len(rest)];
+        Ok((self.number(i, tok)?, tok.len()))
+    }
+
+    /// An integer leaf at the front of `rest` (see [`Elements::int_token`]):
+    /// digits that fit an i64 in one pass, anything else from its token.
+    fn int<T: TryFrom<i128>>(&self, i: usize, rest: &str) -> Result<(T, usize), Error> {
+        if let Some((n, len)) = json_number::scan(rest.as_bytes()).and_then(|d| Some((d.to_i64()?, d.len))) {
+            let tok = &rest[..len];
+            return Ok((T::try_from(n.into()).map_err(|_| self.out_of_range(i, tok))?, len));
+        }
+        let tok = &rest[..token_len(rest)];
+        Ok((self.int_token(i, tok)?, tok.len()))
+    }
+
     /// An integral number (`2`, or `2.0`, `2e3`) that fits `T`.
-    fn int<T: TryFrom<i128>>(&self, i: usize, tok: &str) -> Result<T, Error> {
+    fn int_token<T: TryFrom<i128>>(&self, i: usize, tok: &str) -> Result<T, Error> {
         if !is_number(tok) {
             return Err(self.bad(i, tok, "an integer"));
         }

@@ -11,6 +11,7 @@ pub mod binary;
 pub mod grpc;
 mod json;
 mod json_data;
+mod json_number;
 pub mod model_config;
 pub mod statistics;
 pub mod v1;
