@@ -16,7 +16,7 @@ use serde_json::{json, Map, Value};
 use super::v2::{self, InferenceRequest, JsonResponse, RequestInput};
 use super::{binary, InferRequest, InferResponse, JsonElements};
 use crate::error::Error;
-use crate::tensor::Tensor;
+use crate::tensor::{DataType, Tensor};
 
 /// The header that gives the length of a body's JSON part.
 pub const HEADER_LENGTH: &str = "Inference-Header-Content-Length";
@@ -219,6 +219,25 @@ struct HeaderOutput<'a> {
     data: Option<JsonElements<'a>>,
 }
 
+/// Bytes a plain JSON response of `resp` takes, about: reserved up front,
+/// so that writing the body does not grow it step by step.
+fn json_len_estimate(resp: &InferResponse) -> usize {
+    // Text of one element and its separator: an f32 is at most 15 bytes.
+    let width = |d: DataType| match d {
+        DataType::U8 | DataType::I8 => 4,
+        DataType::Bool => 6,
+        DataType::U16 | DataType::I16 => 7,
+        _ => 16,
+    };
+    let names = resp.model_name.len() + resp.id.as_deref().map_or(0, str::len);
+    let outputs: usize = resp
+        .outputs
+        .iter()
+        .map(|t| 64 + t.name.len() + 8 * t.shape.len() + width(t.dtype()) * t.data.len())
+        .sum();
+    64 + names + outputs
+}
+
 /// Encodes a response: plain JSON (as [`InferenceResponse`]) when no output
 /// is binary, else the JSON header followed by each binary output's raw
 /// bytes in output order.
@@ -229,7 +248,8 @@ pub fn encode_response(resp: &InferResponse, encoding: &OutputEncoding) -> Encod
         .filter(|t| encoding.is_binary(&t.name))
         .collect();
     if binary.is_empty() {
-        let body = serde_json::to_vec(&JsonResponse::from(resp))
+        let mut body = Vec::with_capacity(json_len_estimate(resp));
+        serde_json::to_writer(&mut body, &JsonResponse::from(resp))
             .expect("an inference response serializes. This is a bug.");
         return EncodedResponse {
             body,
