@@ -205,7 +205,7 @@ impl Server {
         );
         let http_serve = http::serve::serve(
             listener,
-            http::router(state),
+            http::Routes::new(state),
             config.http_limits(),
             tls.as_ref().map(tls::Tls::http),
             stop_rx.clone(),

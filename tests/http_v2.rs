@@ -114,6 +114,26 @@ async fn mlp_logits_nested_and_flat_data_and_versions() {
     assert!(msg.contains("digits") && msg.contains("version `2`"), "{msg}");
     let (st, r) = s.get("/v2/models/digits/versions/2").await;
     assert_eq!(st, 404, "{r}");
+
+    // Infer paths that need percent-decoding go through the router, the
+    // plain ones skip it (http::v2::infer_direct): both answer alike.
+    let wrong = json!({"inputs": [v2_input("input", "INT8", &[1, 64], json!(vec![0; 64]))]});
+    for (direct, routed) in [
+        ("/v2/models/digits/infer", "/v2/models/%64igits/infer"),
+        (
+            "/v2/models/digits/versions/1/infer",
+            "/v2/models/digits/versions/%31/infer",
+        ),
+        (
+            "/v2/models/digits/versions/2/infer",
+            "/v2/models/d%69gits/versions/2/infer",
+        ),
+    ] {
+        for body in [&nested, &wrong] {
+            let (a, b) = (s.post(direct, body).await, s.post(routed, body).await);
+            assert_eq!(a, b, "{direct} and {routed} answer differently");
+        }
+    }
     s.stop().await.unwrap();
 }
 

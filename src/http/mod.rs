@@ -81,6 +81,13 @@ pub(crate) struct Admission {
 }
 
 impl Admission {
+    /// Whether shutdown has begun, read now (from the request's head).
+    pub(crate) fn now(state: &AppState) -> Admission {
+        Admission {
+            stopping: state.stopping.load(Ordering::Acquire),
+        }
+    }
+
     /// `Err(ShuttingDown)` (503) when the request arrived after shutdown began.
     pub(crate) fn check(&self) -> Result<(), ApiError> {
         if self.stopping {
@@ -126,8 +133,49 @@ where
     }
 }
 
+/// The HTTP port's routes: the router, and the infer route that skips it
+/// (the hot path; `serve` asks [`Routes::direct`] first).
+#[derive(Clone)]
+pub struct Routes {
+    router: Router,
+    state: AppState,
+}
+
+impl Routes {
+    pub fn new(state: AppState) -> Routes {
+        Routes {
+            router: router(state.clone()),
+            state,
+        }
+    }
+
+    /// The model of `req` when the route that skips the router answers it
+    /// (a `POST` to an infer path; see [`v2::ModelPath::of_infer`]).
+    pub(crate) fn direct(&self, req: &axum::extract::Request) -> Option<v2::ModelPath> {
+        match req.method() == axum::http::Method::POST {
+            true => v2::ModelPath::of_infer(req.uri().path()),
+            false => None,
+        }
+    }
+
+    /// The answer of the route that skips the router to `req`, for `path`
+    /// from [`Routes::direct`].
+    pub(crate) fn infer(
+        &self,
+        path: v2::ModelPath,
+        req: axum::extract::Request,
+    ) -> impl std::future::Future<Output = axum::response::Response> + Send + 'static {
+        v2::infer_direct(self.state.clone(), path, req)
+    }
+
+    /// The router (every route).
+    pub(crate) fn router(&self) -> Router {
+        self.router.clone()
+    }
+}
+
 /// All routes of the HTTP port.
-pub fn router(state: AppState) -> Router {
+fn router(state: AppState) -> Router {
     let limit = state.max_body_bytes;
     Router::new()
         .route("/v1/models", get(v1::list))
@@ -183,19 +231,29 @@ async fn guard(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let refuse = |e| axum::response::IntoResponse::into_response(ApiError(e));
-    let headers = req.headers();
-    if let Some(scope) = scope_of(req.uri().path()) {
-        let key = crate::access::presented_key(|name| headers.get(name).and_then(|v| v.to_str().ok()));
-        if let Err(e) = state.access.check(scope, key) {
-            return refuse(e);
-        }
-    }
-    let _held = match state.budget.reserve(body_size(headers, state.max_body_bytes)) {
-        Ok(r) => r,
-        Err(e) => return refuse(e),
+    let _held = match admit(&state, req.uri().path(), req.headers()) {
+        Ok(held) => held,
+        Err(e) => return axum::response::IntoResponse::into_response(e),
     };
     next.run(req).await
+}
+
+/// [`guard`]'s checks of a request to `path` (also made by the infer route
+/// that skips the router): the body's bytes stay reserved while the
+/// returned reservation lives.
+fn admit(
+    state: &AppState,
+    path: &str,
+    headers: &axum::http::HeaderMap,
+) -> Result<crate::budget::Reservation, ApiError> {
+    if let Some(scope) = scope_of(path) {
+        let key = crate::access::presented_key(|name| headers.get(name).and_then(|v| v.to_str().ok()));
+        state.access.check(scope, key).map_err(ApiError)?;
+    }
+    state
+        .budget
+        .reserve(body_size(headers, state.max_body_bytes))
+        .map_err(ApiError)
 }
 
 /// The bytes a request's body will hold: its `Content-Length` (at most the
@@ -255,16 +313,48 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 /// it is over `http.max_body_bytes`).
 pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
     body.map_err(|rej| {
-        if let Some(timeout) = find_source::<serve::BodyReadTimeout>(&rej) {
-            ApiError(Error::RequestTimeout(timeout.to_string()))
-        } else if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError(Error::PayloadTooLarge(format!(
-                "request body is larger than the limit of {limit} bytes (http.max_body_bytes)"
-            )))
-        } else {
-            ApiError(Error::invalid(format!("cannot read the request body: {rej}")))
-        }
+        body_error(&rej, rej.status() == StatusCode::PAYLOAD_TOO_LARGE, limit, || {
+            rej.to_string()
+        })
     })
+}
+
+/// The request body read as axum's `Bytes` extractor reads it under
+/// `DefaultBodyLimit` (for the route that skips the router), with
+/// [`body_bytes`]'s errors.
+async fn read_body(body: axum::body::Body, limit: usize) -> Result<Bytes, ApiError> {
+    use http_body_util::BodyExt;
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) => {
+            let too_large = find_source::<http_body_util::LengthLimitError>(&*e).is_some();
+            Err(body_error(&*e, too_large, limit, || {
+                format!("Failed to buffer the request body: {e}")
+            }))
+        }
+    }
+}
+
+/// Why a body could not be read: 408 when it was too slow, 413 when it was
+/// `too_large`, else 400 with `text`.
+fn body_error(
+    e: &(dyn std::error::Error + 'static),
+    too_large: bool,
+    limit: usize,
+    text: impl FnOnce() -> String,
+) -> ApiError {
+    if let Some(timeout) = find_source::<serve::BodyReadTimeout>(e) {
+        ApiError(Error::RequestTimeout(timeout.to_string()))
+    } else if too_large {
+        ApiError(Error::PayloadTooLarge(format!(
+            "request body is larger than the limit of {limit} bytes (http.max_body_bytes)"
+        )))
+    } else {
+        ApiError(Error::invalid(format!(
+            "cannot read the request body: {}",
+            text()
+        )))
+    }
 }
 
 /// The first error of type `E` in `e`'s chain of sources.

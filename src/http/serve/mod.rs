@@ -30,7 +30,7 @@ pub use service::BodyReadTimeout;
 /// once and the socket closed).
 const REFUSING: usize = 64;
 
-/// Serves `router` on `listener` until `stop` turns true and the drain is
+/// Serves `routes` on `listener` until `stop` turns true and the drain is
 /// over: each connection accepted before it has answered its running
 /// requests and closed, and so has each one accepted since (health probes,
 /// refused inference). `stop`'s sender is the shutdown task of
@@ -38,7 +38,7 @@ const REFUSING: usize = 64;
 /// every connection speaks TLS.
 pub async fn serve(
     listener: TcpListener,
-    router: axum::Router,
+    routes: crate::http::Routes,
     limits: HttpLimits,
     tls: Option<crate::tls::Acceptor>,
     mut stop: watch::Receiver<bool>,
@@ -79,12 +79,12 @@ pub async fn serve(
             refuse(stream, limits.max_connections, &refusing);
             continue;
         };
-        let (router, builder, limits, stop) = (router.clone(), builder.clone(), limits.clone(), stop.clone());
+        let (routes, builder, limits, stop) = (routes.clone(), builder.clone(), limits.clone(), stop.clone());
         tokio::spawn(async move {
             let state = ticket.state.clone();
             let io = TokioIo::new(io::TrackedIo::new(stream, state.clone(), limits.max_header_bytes));
             let service = service::HttpService {
-                router,
+                routes,
                 conn: state.clone(),
                 body_read_timeout: limits.body_read_timeout,
             };

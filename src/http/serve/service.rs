@@ -36,10 +36,10 @@ impl std::fmt::Display for BodyReadTimeout {
 
 impl std::error::Error for BodyReadTimeout {}
 
-/// The router, as hyper calls it for one connection.
+/// The routes, as hyper calls them for one connection.
 #[derive(Clone)]
 pub(crate) struct HttpService {
-    pub(super) router: axum::Router,
+    pub(super) routes: crate::http::Routes,
     pub(super) conn: Arc<ConnState>,
     pub(super) body_read_timeout: Duration,
 }
@@ -60,12 +60,23 @@ impl hyper::service::Service<Request<Incoming>> for HttpService {
                 sleep: None,
             })
         });
-        // `Router` is always ready (its `poll_ready` returns `Ready(Ok)`).
-        let answer = tower_service::Service::call(&mut self.router.clone(), req);
-        Box::pin(async move {
-            let resp = answer.await?;
-            Ok(resp.map(|body| GuardedBody { body, _guard: guard }))
-        })
+        match self.routes.direct(&req) {
+            Some(path) => {
+                let answer = self.routes.infer(path, req);
+                Box::pin(async move {
+                    let resp = answer.await;
+                    Ok(resp.map(|body| GuardedBody { body, _guard: guard }))
+                })
+            }
+            None => {
+                // `Router` is always ready (its `poll_ready` returns `Ready(Ok)`).
+                let answer = tower_service::Service::call(&mut self.routes.router(), req);
+                Box::pin(async move {
+                    let resp = answer.await?;
+                    Ok(resp.map(|body| GuardedBody { body, _guard: guard }))
+                })
+            }
+        }
     }
 }
 
