@@ -6,10 +6,10 @@
 //! falls back to the standard library's parsers, which are exact for every
 //! input but cost about three times as much on the short ones.
 //!
-//! The FP32 path computes the f64 nearest the decimal and rounds that to
-//! f32. Rounding twice can only differ from rounding once when the f64 lands
-//! exactly on a point halfway between two f32s (those points are f64s, and
-//! rounding is monotonic), so that one case is handed to the fallback.
+//! The FP32 path computes an f64 within two f64 ulps of the decimal and
+//! rounds that to f32: that gives the f32 nearest the decimal unless a point
+//! halfway between two f32s lies within those ulps, a case it detects and
+//! hands to the fallback (see [`Decimal::to_f32`]).
 
 /// 10^0 ..= 10^22: every power of ten an f64 holds exactly.
 const POW10: [f64; 23] = [
@@ -167,24 +167,34 @@ impl Decimal {
         Some(if self.neg { -x } else { x })
     }
 
-    /// The f32 nearest the decimal, when [`Decimal::to_f64`] gives an f64
-    /// in f32's normal range that is not halfway between two f32s.
+    /// The f32 nearest the decimal, from an f64 within two ulps of it: the
+    /// significand as an f64 (rounded once when it has more than 53 bits,
+    /// as the 17 digits that clients write for an f32 often do), times or
+    /// over an exact power of ten (rounded again). An f32 is 29 f64 bits
+    /// shorter, so unless that f64 lies within a few ulps of a point halfway
+    /// between two f32s, the decimal and the f64 round to the same f32;
+    /// near such a point (and outside f32's normal range) this gives `None`.
     pub fn to_f32(self) -> Option<f32> {
-        let r = self.to_f64()?;
-        let a = r.abs();
-        if a == 0.0 {
-            return Some(r as f32);
+        if self.m == 0 {
+            return Some(if self.neg { -0.0 } else { 0.0 });
         }
-        if !(f64::from(f32::MIN_POSITIVE)..=f64::from(f32::MAX)).contains(&a) {
+        let m = self.m as f64;
+        let r = match self.e {
+            0..=22 => m * POW10[self.e as usize],
+            -22..=-1 => m / POW10[-self.e as usize],
+            _ => return None,
+        };
+        if !(f64::from(f32::MIN_POSITIVE)..=f64::from(f32::MAX)).contains(&r) {
             return None;
         }
-        // f64 carries 29 more significand bits than f32: exactly halfway
-        // between two f32s is those bits equal to 1 followed by 28 zeros.
-        const LOW: u64 = (1 << 29) - 1;
-        if r.to_bits() & LOW == 1 << 28 {
+        // The 29 bits f32 drops; halfway between two f32s is 1 then 28 zeros.
+        const HALF: i64 = 1 << 28;
+        let low = (r.to_bits() & ((1 << 29) - 1)) as i64;
+        if (low - HALF).abs() <= 4 {
             return None;
         }
-        Some(r as f32)
+        let x = r as f32;
+        Some(if self.neg { -x } else { x })
     }
 
     /// The integer when the token was digits only and fits an i64.
@@ -309,12 +319,25 @@ mod tests {
             scan(b"0.00000000123456789012").map(|d| (d.m, d.e)),
             Some((123456789012, -20))
         );
-        // A decimal whose f64 is a halfway point although it is not: refused, not rounded twice.
-        for k in 0..2000u64 {
-            let mid = f64::from(1.0f32 + k as f32 * f32::EPSILON) + f64::from(f32::EPSILON) / 2.0;
-            let s = format!("{mid:e}");
-            if let Some(x) = f32_of(&s) {
-                assert_eq!(x, s.parse::<f32>().unwrap(), "{s}");
+        // Decimals at, just below and just above points halfway between two
+        // f32s, with up to 19 digits: never rounded the wrong way.
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for k in 0..20_000u64 {
+            let a = match k < 2000 {
+                true => 1.0f32 + k as f32 * f32::EPSILON,
+                false => f32::from_bits((rng.next() as u32 >> 2) + (40 << 23)),
+            };
+            let mid = (f64::from(a) + f64::from(a.next_up())) / 2.0;
+            for digits in [9, 12, 15, 16, 17, 18] {
+                let s = format!("{mid:.digits$e}");
+                let (mantissa, exp) = s.split_once('e').unwrap();
+                let last = mantissa.as_bytes()[mantissa.len() - 1];
+                for d in [last.saturating_sub(1).max(b'0'), last, (last + 1).min(b'9')] {
+                    let t = format!("{}{}e{exp}", &mantissa[..mantissa.len() - 1], d as char);
+                    if let Some(x) = f32_of(&t) {
+                        assert_eq!(x.to_bits(), t.parse::<f32>().unwrap().to_bits(), "{t}");
+                    }
+                }
             }
         }
         assert_eq!(f32_of("-0").map(f32::to_bits), Some((-0.0f32).to_bits()));
