@@ -6,6 +6,11 @@
 //! most that many of a busy model's, however long the busy model's backlog.
 //! (Keying by the batch's oldest request instead lets a model with a long
 //! backlog, whose next batch always holds older requests, starve the others.)
+//!
+//! A waiting batch is a [`Start`]: the thread that frees a slot (a session
+//! thread, when its run ends) calls it with the slot, and it hands the batch
+//! straight to its model's session thread. The next run on the device thus
+//! begins without a trip through the async runtime.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -14,12 +19,17 @@ use std::time::Instant;
 
 use tokio::sync::oneshot;
 
+/// What a batch does once it has a run slot: starts its run, which holds
+/// the permit until it ends. Called on the thread that freed the slot, so
+/// it must not block. Dropping the permit (a start that fails) frees the
+/// slot for the next batch.
+pub type Start = Box<dyn FnOnce(DevicePermit) + Send>;
+
 /// A batch waiting for a run slot.
 struct Waiter {
     oldest: Instant,
     seq: u64,
-    /// The waiting batch's task awaits its permit here.
-    tx: oneshot::Sender<DevicePermit>,
+    start: Start,
 }
 
 impl PartialEq for Waiter {
@@ -57,9 +67,6 @@ pub struct DeviceScheduler {
 /// A run slot; dropping it hands the slot to the oldest waiter.
 pub struct DevicePermit {
     sched: Arc<DeviceScheduler>,
-    /// False for a permit whose hand-over failed (its waiter left): the slot
-    /// then goes on to the next waiter without being released twice.
-    armed: bool,
 }
 
 impl DeviceScheduler {
@@ -70,47 +77,61 @@ impl DeviceScheduler {
         })
     }
 
+    /// Calls `start` with a run slot: now when one is free, else when one
+    /// frees and no waiter with an earlier `key` is left.
+    pub fn submit(self: &Arc<Self>, key: Instant, start: Start) {
+        {
+            let mut s = self.slots.lock().expect("device slots poisoned");
+            if s.running == self.limit {
+                let seq = s.next_seq;
+                s.next_seq += 1;
+                s.waiting.push(Waiter {
+                    oldest: key,
+                    seq,
+                    start,
+                });
+                return;
+            }
+            s.running += 1;
+        }
+        start(DevicePermit { sched: self.clone() });
+    }
+
     /// Waits for a run slot; waiters with an earlier `key` go first.
     pub async fn acquire(self: &Arc<Self>, key: Instant) -> DevicePermit {
-        let rx = {
-            let mut s = self.slots.lock().expect("device slots poisoned");
-            if s.running < self.limit {
-                s.running += 1;
-                return DevicePermit {
-                    sched: self.clone(),
-                    armed: true,
-                };
-            }
-            let (tx, rx) = oneshot::channel();
-            let seq = s.next_seq;
-            s.next_seq += 1;
-            s.waiting.push(Waiter { oldest: key, seq, tx });
-            rx
-        };
+        // The receiver is this future: if it is dropped while waiting, the
+        // send fails, the permit drops, and the slot moves on.
+        let (tx, rx) = oneshot::channel();
+        self.submit(
+            key,
+            Box::new(move |permit| {
+                let _ = tx.send(permit);
+            }),
+        );
         rx.await
             .expect("a device scheduler outlives its waiters. This is a bug.")
     }
 
+    /// A slot is free: it goes to the oldest waiter (called outside the
+    /// lock, since a start that fails releases the slot again), or back.
     fn release(self: &Arc<Self>) {
-        let mut s = self.slots.lock().expect("device slots poisoned");
-        while let Some(w) = s.waiting.pop() {
-            match w.tx.send(DevicePermit {
-                sched: self.clone(),
-                armed: true,
-            }) {
-                Ok(()) => return,
-                Err(mut p) => p.armed = false,
+        let next = {
+            let mut s = self.slots.lock().expect("device slots poisoned");
+            match s.waiting.pop() {
+                Some(w) => w,
+                None => {
+                    s.running -= 1;
+                    return;
+                }
             }
-        }
-        s.running -= 1;
+        };
+        (next.start)(DevicePermit { sched: self.clone() });
     }
 }
 
 impl Drop for DevicePermit {
     fn drop(&mut self) {
-        if self.armed {
-            self.sched.release();
-        }
+        self.sched.release();
     }
 }
 
@@ -168,5 +189,33 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(1), s.acquire(Instant::now()))
             .await
             .expect("slot leaked");
+    }
+
+    #[test]
+    fn a_freed_slot_starts_the_next_batch_on_the_freeing_thread() {
+        use std::sync::mpsc;
+        let s = DeviceScheduler::new(1);
+        let (tx, rx) = mpsc::channel::<(std::thread::ThreadId, DevicePermit)>();
+        let send = |tx: mpsc::Sender<_>| -> Start {
+            Box::new(move |p| tx.send((std::thread::current().id(), p)).unwrap())
+        };
+        s.submit(Instant::now(), send(tx.clone()));
+        let (_, first) = rx.try_recv().expect("a free slot starts at once");
+        // A start that gives its slot up at once passes it on to the next.
+        s.submit(Instant::now(), Box::new(drop));
+        s.submit(Instant::now(), send(tx.clone()));
+        assert!(rx.try_recv().is_err(), "the limit is one batch");
+        let freeing = std::thread::spawn(move || {
+            drop(first);
+            std::thread::current().id()
+        })
+        .join()
+        .unwrap();
+        let (started_on, second) = rx.try_recv().expect("started when the slot was freed");
+        assert_eq!(started_on, freeing);
+        drop(second);
+        // Every slot is back: this starts at once.
+        s.submit(Instant::now(), send(tx));
+        assert!(rx.try_recv().is_ok());
     }
 }

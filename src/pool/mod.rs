@@ -8,7 +8,8 @@
 //! (oldest batch first across models) → the model's session thread. Both slots
 //! travel with the job and are released by the session thread when the run
 //! ends, so a caller that gives up can never leave the device
-//! oversubscribed.
+//! oversubscribed. A batch that waited for its device slot is sent to its
+//! session thread by the session thread that freed the slot.
 
 mod cancel;
 pub mod fair;
@@ -219,22 +220,26 @@ impl ModelWorkers {
             .acquire_owned()
             .await
             .map_err(|_| RunError::Closed)?;
-        // The batch's place in the device queue: when it asked for a slot.
-        let device = group.scheduler.acquire(Instant::now()).await;
         let (reply, rx) = oneshot::channel();
-        let job = Job {
-            inputs,
-            outputs,
-            deadline,
-            reply,
-            _slots: (device, session),
-        };
-        group.tx.try_send(job).map_err(|e| match e {
-            crossbeam_channel::TrySendError::Full(_) => {
-                unreachable!("a session permit guarantees room in the job channel. This is a bug.")
-            }
-            crossbeam_channel::TrySendError::Disconnected(_) => RunError::Closed,
-        })?;
+        let jobs = group.tx.clone();
+        // The batch's place in the device queue: when it asked for a slot.
+        // With the slot, the job goes straight to a session thread of the
+        // model (from the thread whose run freed the slot, when it waited).
+        group.scheduler.submit(
+            Instant::now(),
+            Box::new(move |device| {
+                let job = Job {
+                    inputs,
+                    outputs,
+                    deadline,
+                    reply,
+                    _slots: (device, session),
+                };
+                // The session permit guarantees room; a closed channel (the
+                // model is gone) drops the job, which closes `reply`.
+                let _ = jobs.try_send(job);
+            }),
+        );
         rx.await.map_err(|_| RunError::Closed)?
     }
 }
@@ -261,6 +266,9 @@ fn warm_up(session: &mut dyn Session, warmup: &[Warmup], outputs: &[String]) -> 
 /// Serves jobs until every sender is gone (the model was dropped).
 fn session_loop(session: &mut dyn Session, rx: crossbeam_channel::Receiver<Job>, runs: &Runs) {
     while let Ok(job) = rx.recv() {
+        if job.reply.is_closed() {
+            continue;
+        }
         if Instant::now() >= job.deadline {
             let _ = job.reply.send(Err(RunError::Expired));
             continue;
