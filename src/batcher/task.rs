@@ -310,7 +310,11 @@ async fn run(shared: &Shared, batch: &mut [Entry]) -> Result<Ran, Error> {
         .max()
         .expect("a batch is never empty. This is a bug.");
     let input = concat.elapsed();
-    let result = shared.workers.run(inputs, shared.outputs.clone(), deadline).await;
+    let lone = batch.len() == 1;
+    let result = shared
+        .workers
+        .run(inputs, shared.outputs.clone(), deadline, lone)
+        .await;
     let model = shared.model.to_string();
     match result {
         Ok((outputs, infer)) => {

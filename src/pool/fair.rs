@@ -97,6 +97,16 @@ impl DeviceScheduler {
         start(DevicePermit { sched: self.clone() });
     }
 
+    /// A run slot now, if one is free and no batch waits for one.
+    pub fn try_acquire(self: &Arc<Self>) -> Option<DevicePermit> {
+        let mut s = self.slots.lock().expect("device slots poisoned");
+        if s.running == self.limit || !s.waiting.is_empty() {
+            return None;
+        }
+        s.running += 1;
+        Some(DevicePermit { sched: self.clone() })
+    }
+
     /// Waits for a run slot; waiters with an earlier `key` go first.
     pub async fn acquire(self: &Arc<Self>, key: Instant) -> DevicePermit {
         // The receiver is this future: if it is dropped while waiting, the

@@ -15,8 +15,8 @@ mod cancel;
 pub mod fair;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -106,8 +106,25 @@ struct Job {
     _slots: (DevicePermit, OwnedSemaphorePermit),
 }
 
+/// One session. Locked by its session thread for each job, and by a batch
+/// that runs inline ([`ModelWorkers::run`]); whoever locks it holds one of
+/// the group's session permits, so the lock is free when it is taken.
+type SharedSession = Arc<Mutex<Box<dyn Session>>>;
+
+/// The lock of a session (a run that panicked poisons it; the session itself is still usable).
+fn lock(session: &SharedSession) -> MutexGuard<'_, Box<dyn Session>> {
+    session.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runs that took less than this may run inline, on the thread that
+/// formed the batch, when a session and the device are free: waking a
+/// session thread and being woken by it costs more than such a run.
+const INLINE_RUN_LIMIT: Duration = Duration::from_micros(100);
+
 /// The sessions of one model placed on one device.
 struct Group {
+    /// The group's sessions, for the batches that run inline.
+    all: Vec<SharedSession>,
     /// Jobs for this group's session threads (each holds a clone of the
     /// receiver). Bounded by the number of sessions, and `sessions` permits
     /// guarantee there is room, so a send never waits.
@@ -123,6 +140,12 @@ pub struct ModelWorkers {
     groups: Vec<Group>,
     next_group: AtomicUsize,
     instances: usize,
+    /// The last run's duration in ns (u64::MAX before the first): a model
+    /// whose runs take under [`INLINE_RUN_LIMIT`] runs small batches inline.
+    /// Written after every run, by session threads and inline runs alike.
+    last_run_ns: Arc<AtomicU64>,
+    /// Every session's runs (cancelled at shutdown), for the inline runs.
+    runs: Arc<Runs>,
     _threads: Vec<JoinHandle<()>>,
 }
 
@@ -161,14 +184,18 @@ impl ModelWorkers {
         }
         let (mut groups, mut threads, mut warmed) = (Vec::new(), Vec::new(), Vec::new());
         let mut instance = 0;
+        let last_run_ns = Arc::new(AtomicU64::new(u64::MAX));
         for (device, group_sessions) in by_device {
             let (tx, rx) = crossbeam_channel::bounded::<Job>(group_sessions.len());
             let permits = Arc::new(Semaphore::new(group_sessions.len()));
-            for mut session in group_sessions {
+            let mut all = Vec::new();
+            for session in group_sessions {
                 if let Some(c) = session.canceller() {
                     pool.runs.register(&c);
                 }
-                let (rx, runs) = (rx.clone(), pool.runs.clone());
+                let session: SharedSession = Arc::new(Mutex::new(session));
+                all.push(session.clone());
+                let (rx, runs, last) = (rx.clone(), pool.runs.clone(), last_run_ns.clone());
                 let (warm_tx, warm_rx) = oneshot::channel();
                 warmed.push(warm_rx);
                 let (warmup, outputs) = (warmup.clone(), outputs.clone());
@@ -177,14 +204,15 @@ impl ModelWorkers {
                     .name(format!("sluice-s{instance}-{model}").chars().take(15).collect())
                     .spawn(move || {
                         let _g = span.enter();
-                        let _ = warm_tx.send(warm_up(session.as_mut(), &warmup, &outputs));
-                        session_loop(session.as_mut(), rx, &runs);
+                        let _ = warm_tx.send(warm_up(lock(&session).as_mut(), &warmup, &outputs));
+                        session_loop(&session, rx, &runs, &last);
                     })
                     .expect("cannot spawn a session thread");
                 threads.push(t);
                 instance += 1;
             }
             groups.push(Group {
+                all,
                 tx,
                 sessions: permits,
                 scheduler: pool.scheduler(device),
@@ -194,6 +222,8 @@ impl ModelWorkers {
             groups,
             next_group: AtomicUsize::new(0),
             instances,
+            last_run_ns,
+            runs: pool.runs.clone(),
             _threads: threads,
         };
         (w, warmed)
@@ -205,15 +235,25 @@ impl ModelWorkers {
     }
 
     /// Runs one batch and waits for its outputs and how long the session
-    /// took to run it (slot waits not included).
+    /// took to run it (slot waits not included). A `lone` request's batch
+    /// of a model whose last run was shorter than [`INLINE_RUN_LIMIT`] runs
+    /// here, on the calling thread, when a session and the device are free
+    /// at once. (Bigger batches come under load, when session threads are
+    /// awake anyway and run beside the threads that serve HTTP.)
     pub async fn run(
         &self,
         inputs: Vec<Tensor>,
         outputs: Vec<String>,
         deadline: Instant,
+        lone: bool,
     ) -> Result<(Vec<Tensor>, Duration), RunError> {
         let i = self.next_group.fetch_add(1, Ordering::Relaxed) % self.groups.len();
         let group = &self.groups[i];
+        if lone && self.last_run_ns.load(Ordering::Relaxed) < INLINE_RUN_LIMIT.as_nanos() as u64 {
+            if let Some(ran) = self.run_inline(group, &inputs, &outputs, deadline) {
+                return ran;
+            }
+        }
         let session = group
             .sessions
             .clone()
@@ -244,6 +284,35 @@ impl ModelWorkers {
     }
 }
 
+impl ModelWorkers {
+    /// Runs a batch on this thread when a session of `group` and a slot of
+    /// its device are free now (`None` otherwise: the batch goes to a
+    /// session thread). The same checks as a session thread's.
+    fn run_inline(
+        &self,
+        group: &Group,
+        inputs: &[Tensor],
+        outputs: &[String],
+        deadline: Instant,
+    ) -> Option<Result<(Vec<Tensor>, Duration), RunError>> {
+        let permit = group.sessions.clone().try_acquire_owned().ok()?;
+        let device = group.scheduler.try_acquire()?;
+        let mut session = group.all.iter().find_map(|s| s.try_lock().ok())?;
+        let ran = run_checked(
+            session.as_mut(),
+            inputs,
+            outputs,
+            deadline,
+            &self.runs,
+            &self.last_run_ns,
+        );
+        drop(session);
+        // The device slot first, as a session thread releases them.
+        drop((device, permit));
+        Some(ran)
+    }
+}
+
 /// Runs the warm-up batches on one session; the first required one that fails fails it.
 fn warm_up(session: &mut dyn Session, warmup: &[Warmup], outputs: &[String]) -> WarmupResult {
     for batch in warmup {
@@ -264,33 +333,121 @@ fn warm_up(session: &mut dyn Session, warmup: &[Warmup], outputs: &[String]) -> 
 }
 
 /// Serves jobs until every sender is gone (the model was dropped).
-fn session_loop(session: &mut dyn Session, rx: crossbeam_channel::Receiver<Job>, runs: &Runs) {
+fn session_loop(
+    session: &SharedSession,
+    rx: crossbeam_channel::Receiver<Job>,
+    runs: &Runs,
+    last_run_ns: &AtomicU64,
+) {
     while let Ok(job) = rx.recv() {
         if job.reply.is_closed() {
             continue;
         }
-        if Instant::now() >= job.deadline {
-            let _ = job.reply.send(Err(RunError::Expired));
-            continue;
-        }
-        let run = runs.start();
-        // Checked after counting the run: shutdown cancels, then waits for
-        // the count to reach 0, so a run either sees the flag here or is
-        // counted before the cancel and waited for.
-        if runs.cancelled() {
-            let _ = job.reply.send(Err(RunError::Cancelled));
-            continue;
-        }
-        let started = Instant::now();
-        let result = session
-            .run(&job.inputs, &job.outputs)
-            .map(|out| (out, started.elapsed()))
-            .map_err(|e| match runs.cancelled() {
-                true => RunError::Cancelled,
-                false => RunError::from(e),
-            });
-        drop(run);
+        let result = run_checked(
+            lock(session).as_mut(),
+            &job.inputs,
+            &job.outputs,
+            job.deadline,
+            runs,
+            last_run_ns,
+        );
         let _ = job.reply.send(result);
     }
     tracing::debug!("session thread exits");
+}
+
+/// Runs a batch on `session` unless its deadline has passed or shutdown
+/// cancelled the runs, and records how long it took in `last_run_ns`.
+fn run_checked(
+    session: &mut dyn Session,
+    inputs: &[Tensor],
+    outputs: &[String],
+    deadline: Instant,
+    runs: &Runs,
+    last_run_ns: &AtomicU64,
+) -> Result<(Vec<Tensor>, Duration), RunError> {
+    if Instant::now() >= deadline {
+        return Err(RunError::Expired);
+    }
+    let run = runs.start();
+    // Checked after counting the run: shutdown cancels, then waits for
+    // the count to reach 0, so a run either sees the flag here or is
+    // counted before the cancel and waited for.
+    if runs.cancelled() {
+        return Err(RunError::Cancelled);
+    }
+    let started = Instant::now();
+    let result = session.run(inputs, outputs).map_err(|e| match runs.cancelled() {
+        true => RunError::Cancelled,
+        false => RunError::from(e),
+    });
+    let took = started.elapsed();
+    drop(run);
+    last_run_ns.store(
+        took.as_nanos().min(u64::MAX as u128 - 1) as u64,
+        Ordering::Relaxed,
+    );
+    result.map(|out| (out, took))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records the name of the thread each run is on; sleeps `delay` per run.
+    struct Where(Arc<Mutex<Vec<String>>>, Duration);
+
+    impl Session for Where {
+        fn run(&mut self, _: &[Tensor], _: &[String]) -> Result<Vec<Tensor>, RuntimeError> {
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            self.0.lock().unwrap().push(name);
+            std::thread::sleep(self.1);
+            Ok(Vec::new())
+        }
+    }
+
+    fn workers(delay: Duration) -> (ModelWorkers, Arc<Mutex<Vec<String>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let pool = Pool::new(PoolLimits { cpu: 1, gpu: 1 });
+        let session: Box<dyn Session> = Box::new(Where(seen.clone(), delay));
+        let (w, _) = ModelWorkers::spawn("m", vec![(Device::Cpu, session)], &pool, Vec::new(), Vec::new());
+        (w, seen)
+    }
+
+    #[tokio::test]
+    async fn a_lone_batch_of_a_fast_model_runs_inline_and_the_rest_on_the_session_thread() {
+        let (w, seen) = workers(Duration::ZERO);
+        let later = || Instant::now() + Duration::from_secs(10);
+        let here = std::thread::current().name().unwrap_or("").to_string();
+        // No run yet: the first goes to the session thread, and so does a batch of several requests.
+        w.run(Vec::new(), Vec::new(), later(), true).await.unwrap();
+        w.run(Vec::new(), Vec::new(), later(), false).await.unwrap();
+        w.run(Vec::new(), Vec::new(), later(), true).await.unwrap();
+        let threads = seen.lock().unwrap().clone();
+        assert!(
+            threads[0].starts_with("sluice-s0") && threads[1].starts_with("sluice-s0"),
+            "{threads:?}"
+        );
+        assert_eq!(threads[2], here, "{threads:?}");
+        // Inline runs keep the session thread's checks.
+        let passed = w.run(Vec::new(), Vec::new(), Instant::now(), true).await;
+        assert!(matches!(passed, Err(RunError::Expired)), "{passed:?}");
+    }
+
+    #[tokio::test]
+    async fn a_slow_model_never_runs_inline() {
+        let (w, seen) = workers(INLINE_RUN_LIMIT * 2);
+        for _ in 0..3 {
+            w.run(
+                Vec::new(),
+                Vec::new(),
+                Instant::now() + Duration::from_secs(10),
+                true,
+            )
+            .await
+            .unwrap();
+        }
+        let threads = seen.lock().unwrap().clone();
+        assert!(threads.iter().all(|t| t.starts_with("sluice-s0")), "{threads:?}");
+    }
 }
