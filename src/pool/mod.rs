@@ -419,9 +419,14 @@ mod tests {
         let (w, seen) = workers(Duration::ZERO);
         let later = || Instant::now() + Duration::from_secs(10);
         let here = std::thread::current().name().unwrap_or("").to_string();
-        // No run yet: the first goes to the session thread, and so does a batch of several requests.
+        // No run yet: the first goes to the session thread.
         w.run(Vec::new(), Vec::new(), later(), true).await.unwrap();
+        // How long a run takes depends on the machine: set it, so that the
+        // model counts as fast whatever this one took.
+        let fast = || w.last_run_ns.store(1_000, Ordering::Relaxed);
+        fast();
         w.run(Vec::new(), Vec::new(), later(), false).await.unwrap();
+        fast();
         w.run(Vec::new(), Vec::new(), later(), true).await.unwrap();
         let threads = seen.lock().unwrap().clone();
         assert!(
@@ -430,6 +435,7 @@ mod tests {
         );
         assert_eq!(threads[2], here, "{threads:?}");
         // Inline runs keep the session thread's checks.
+        fast();
         let passed = w.run(Vec::new(), Vec::new(), Instant::now(), true).await;
         assert!(matches!(passed, Err(RunError::Expired)), "{passed:?}");
     }
@@ -449,5 +455,7 @@ mod tests {
         }
         let threads = seen.lock().unwrap().clone();
         assert!(threads.iter().all(|t| t.starts_with("sluice-s0")), "{threads:?}");
+        // Every run records its time: a sleep of twice the limit is never shorter.
+        assert!(w.last_run_ns.load(Ordering::Relaxed) >= INLINE_RUN_LIMIT.as_nanos() as u64 * 2);
     }
 }
