@@ -426,6 +426,11 @@ mod tests {
         let fast = || w.last_run_ns.store(1_000, Ordering::Relaxed);
         fast();
         w.run(Vec::new(), Vec::new(), later(), false).await.unwrap();
+        // The session thread answers, then frees the session and the
+        // device: inline runs need both free, so wait until it has.
+        while w.groups[0].sessions.available_permits() == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         fast();
         w.run(Vec::new(), Vec::new(), later(), true).await.unwrap();
         let threads = seen.lock().unwrap().clone();
