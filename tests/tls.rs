@@ -205,6 +205,31 @@ async fn start(
     .await
 }
 
+/// A server on a fresh CA's `sluice` certificate, with `models` in its
+/// repository; the certificate's folder and the repository live as long as it.
+struct Served {
+    s: TestServer,
+    ca: Ca,
+    leaf: Leaf,
+    _secret: SecretDir,
+    _repo: tempfile::TempDir,
+}
+
+async fn serve(models: &[&str], tweak: impl FnOnce(&mut sluice::config::Config)) -> Served {
+    let ca = Ca::new();
+    let leaf = ca.leaf("sluice");
+    let secret = SecretDir::new(&leaf.cert, &leaf.key);
+    let repo = repo_with(models);
+    let s = start(repo.path(), (secret.cert(), secret.key()), &ca, tweak).await;
+    Served {
+        s,
+        ca,
+        leaf,
+        _secret: secret,
+        _repo: repo,
+    }
+}
+
 async fn grpc_client(s: &TestServer, ca: &Ca) -> GrpcInferenceServiceClient<tonic::transport::Channel> {
     let tls = tonic::transport::ClientTlsConfig::new()
         .ca_certificate(tonic::transport::Certificate::from_pem(&ca.pem))
@@ -222,11 +247,13 @@ async fn grpc_client(s: &TestServer, ca: &Ca) -> GrpcInferenceServiceClient<toni
 #[tokio::test]
 async fn https_and_grpc_over_tls_answer_and_plain_clients_are_refused() {
     let _serial = SERIAL.lock().await;
-    let ca = Ca::new();
-    let leaf = ca.leaf("sluice");
-    let secret = SecretDir::new(&leaf.cert, &leaf.key);
-    let repo = repo_with(&["digits"]);
-    let s = start(repo.path(), (secret.cert(), secret.key()), &ca, |_| {}).await;
+    let Served {
+        s,
+        ca,
+        leaf,
+        _secret,
+        _repo,
+    } = serve(&["digits"], |_| {}).await;
 
     // V2 inference over HTTPS on the digits model, against the fixture.
     let exp = fixture("digits_expected.json");
@@ -408,14 +435,13 @@ const PARTIAL_HELLO: &[u8] = &[0x16, 0x03, 0x01, 0x02];
 #[tokio::test]
 async fn slow_handshakes_are_closed_on_both_ports() {
     let _serial = SERIAL.lock().await;
-    let ca = Ca::new();
-    let leaf = ca.leaf("sluice");
-    let secret = SecretDir::new(&leaf.cert, &leaf.key);
-    let repo = repo_with(&[]);
-    let s = start(repo.path(), (secret.cert(), secret.key()), &ca, |c| {
-        c.http.header_read_timeout_seconds = 1.0
-    })
-    .await;
+    let Served {
+        s,
+        ca,
+        leaf: _,
+        _secret,
+        _repo,
+    } = serve(&[], |c| c.http.header_read_timeout_seconds = 1.0).await;
     for (addr, port) in [(s.addr, "HTTP"), (s.grpc_addr, "gRPC")] {
         let mut silent = TcpStream::connect(addr).await.unwrap();
         let mut partial = TcpStream::connect(addr).await.unwrap();
@@ -439,12 +465,14 @@ async fn slow_handshakes_are_closed_on_both_ports() {
 #[tokio::test]
 async fn handshakes_hold_connection_slots_and_are_evicted_for_a_fresh_client() {
     let _serial = SERIAL.lock().await;
-    let ca = Ca::new();
-    let leaf = ca.leaf("sluice");
-    let secret = SecretDir::new(&leaf.cert, &leaf.key);
-    let repo = repo_with(&[]);
     // Headers (and handshakes) may take an hour: only eviction frees a slot.
-    let s = start(repo.path(), (secret.cert(), secret.key()), &ca, |c| {
+    let Served {
+        s,
+        ca,
+        leaf: _,
+        _secret,
+        _repo,
+    } = serve(&[], |c| {
         c.http.header_read_timeout_seconds = 3600.0;
         c.http.max_connections = 2;
     })
@@ -470,14 +498,13 @@ async fn handshakes_hold_connection_slots_and_are_evicted_for_a_fresh_client() {
 #[tokio::test]
 async fn when_every_connection_has_a_request_running_a_new_tls_client_gets_503() {
     let _serial = SERIAL.lock().await;
-    let ca = Ca::new();
-    let leaf = ca.leaf("sluice");
-    let secret = SecretDir::new(&leaf.cert, &leaf.key);
-    let repo = repo_with(&[]);
-    let s = start(repo.path(), (secret.cert(), secret.key()), &ca, |c| {
-        c.http.max_connections = 2
-    })
-    .await;
+    let Served {
+        s,
+        ca,
+        leaf: _,
+        _secret,
+        _repo,
+    } = serve(&[], |c| c.http.max_connections = 2).await;
     let mut running = Vec::new();
     for _ in 0..2 {
         let mut conn = connect(s.addr, &ca, &[b"http/1.1"]).await.unwrap();
