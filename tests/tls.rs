@@ -580,19 +580,10 @@ fn a_missing_certificate_file_is_one_error_line_and_exit_code_2() {
         ),
     )
     .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .current_dir(root())
-        .env_remove("RUST_LOG")
-        .args([
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--http-port",
-            "0",
-            "--grpc-port",
-            "0",
-            "--config",
-        ])
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.current_dir(root()).env_remove("RUST_LOG");
+    let out = common::process::serve_any_port(&mut cmd)
+        .arg("--config")
         .arg(&config)
         .output()
         .unwrap();

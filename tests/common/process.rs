@@ -116,9 +116,8 @@ impl Lines {
     }
 }
 
-/// Starts `sluice serve` on 127.0.0.1 with ports 0, `args` added, and
-/// returns it with its stderr lines and the HTTP port it logged.
-pub fn spawn_serve(mut cmd: Command, args: &[&std::ffi::OsStr]) -> (Reaped, Lines, u16) {
+/// `cmd` as `sluice serve` on 127.0.0.1, both ports 0 (the OS picks them).
+pub fn serve_any_port(cmd: &mut Command) -> &mut Command {
     cmd.args([
         "serve",
         "--host",
@@ -128,9 +127,15 @@ pub fn spawn_serve(mut cmd: Command, args: &[&std::ffi::OsStr]) -> (Reaped, Line
         "--grpc-port",
         "0",
     ])
-    .args(args)
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped());
+}
+
+/// Starts `sluice serve` on 127.0.0.1 with ports 0, `args` added, and
+/// returns it with its stderr lines and the HTTP port it logged.
+pub fn spawn_serve(mut cmd: Command, args: &[&std::ffi::OsStr]) -> (Reaped, Lines, u16) {
+    serve_any_port(&mut cmd)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
     let mut child = Reaped(cmd.spawn().unwrap());
     let mut log = Lines::new(&mut child);
     let listening = log.wait_for(&["sluice listening"], Duration::from_secs(30));
