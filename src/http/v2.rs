@@ -35,10 +35,10 @@ impl ModelPath {
         if rest.contains('%') {
             return None;
         }
-        let segments: Vec<&str> = rest.split('/').collect();
-        let (name, version) = match segments[..] {
-            [name] => (name, None),
-            [name, "versions", version] => (name, Some(version)),
+        let mut segments = rest.split('/');
+        let (name, version) = match (segments.next(), segments.next(), segments.next(), segments.next()) {
+            (Some(name), None, _, _) => (name, None),
+            (Some(name), Some("versions"), Some(version), None) => (name, Some(version)),
             _ => return None,
         };
         if name.is_empty() || version.is_some_and(str::is_empty) {

@@ -17,8 +17,6 @@ use std::collections::BinaryHeap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use tokio::sync::oneshot;
-
 /// What a batch does once it has a run slot: starts its run, which holds
 /// the permit until it ends. Called on the thread that freed the slot, so
 /// it must not block. Dropping the permit (a start that fails) frees the
@@ -107,11 +105,13 @@ impl DeviceScheduler {
         Some(DevicePermit { sched: self.clone() })
     }
 
-    /// Waits for a run slot; waiters with an earlier `key` go first.
+    /// Waits for a run slot; waiters with an earlier `key` go first. (The
+    /// pool uses [`DeviceScheduler::submit`]; the fairness tests wait with this.)
+    #[cfg(test)]
     pub async fn acquire(self: &Arc<Self>, key: Instant) -> DevicePermit {
         // The receiver is this future: if it is dropped while waiting, the
         // send fails, the permit drops, and the slot moves on.
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = tokio::sync::oneshot::channel();
         self.submit(
             key,
             Box::new(move |permit| {
