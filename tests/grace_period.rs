@@ -139,13 +139,7 @@ async fn a_batch_waiting_to_fill_runs_at_once_when_shutdown_begins() {
     );
     assert_eq!(answer.status(), 200);
     let r: serde_json::Value = answer.json().await.unwrap();
-    let label = r["outputs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|o| o["name"] == "label")
-        .unwrap();
-    assert_eq!(label["data"], json!([exp["labels"][5]]), "{r}");
+    assert_eq!(v2_output(&r, "label")["data"], json!([exp["labels"][5]]), "{r}");
     let status = wait_for(&mut child, Duration::from_secs(30));
     let lines = log.rest(Duration::from_secs(10)).join("\n");
     assert_eq!(status.code(), Some(0), "{lines}");

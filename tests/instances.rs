@@ -43,12 +43,7 @@ async fn all_instances_answer_right(share_weights: bool) {
                 json!({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": drow}]});
             let (status, _, r) = post(&client, &url_d, &body).await;
             assert_eq!(status, 200, "{r}");
-            let label = r["outputs"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|o| o["name"] == "label")
-                .unwrap();
+            let label = v2_output(&r, "label");
             assert_eq!(label["data"][0].as_i64().unwrap(), dlabel, "digits label");
         }));
     }

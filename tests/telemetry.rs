@@ -193,15 +193,17 @@ async fn requests_continue_the_callers_trace_with_queue_batch_and_encode_spans()
         .unwrap();
     wait_ready(&client, http).await;
 
+    // A V2 infer of `digits` under the caller's trace `trace`, span `parent`.
+    let infer_traced = |body: serde_json::Value, trace: &str, parent: &str| {
+        client
+            .post(format!("http://127.0.0.1:{http}/v2/models/digits/infer"))
+            .header("traceparent", format!("00-{trace}-{parent}-01"))
+            .json(&body)
+            .send()
+    };
     let row = vec![0.5f32; 64];
     let body = json!({"inputs": [v2_input("input", "FP32", &[1, 64], json!(row))]});
-    let r = client
-        .post(format!("http://127.0.0.1:{http}/v2/models/digits/infer"))
-        .header("traceparent", format!("00-{HTTP_TRACE}-{HTTP_PARENT}-01"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = infer_traced(body, HTTP_TRACE, HTTP_PARENT).await.unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
 
     let channel = tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{grpc}"))
@@ -210,13 +212,7 @@ async fn requests_continue_the_callers_trace_with_queue_batch_and_encode_spans()
         .await
         .unwrap();
     let bad = json!({"inputs": [v2_input("input", "FP32", &[1, 3], json!([1.0, 2.0, 3.0]))]});
-    let r = client
-        .post(format!("http://127.0.0.1:{http}/v2/models/digits/infer"))
-        .header("traceparent", format!("00-{BAD_TRACE}-{BAD_PARENT}-01"))
-        .json(&bad)
-        .send()
-        .await
-        .unwrap();
+    let r = infer_traced(bad, BAD_TRACE, BAD_PARENT).await.unwrap();
     assert_eq!(r.status(), 400);
 
     let mut grpc_client = GrpcInferenceServiceClient::new(channel);
