@@ -1,5 +1,7 @@
 //! Per-request CPU of the V2 JSON codec, side by side in one run: decoding
-//! a request of one 784-float row, and encoding a response of 784 floats
+//! a request of one 784-float row (through `serde_json` and
+//! `InferRequest::try_from`, and in one pass as the server does:
+//! `v2_binary::decode_request`), and encoding a response of 784 floats
 //! through `serde_json::Value` (the old path, still used as the reference)
 //! and straight from the typed vector (what the server sends).
 //!
@@ -7,6 +9,7 @@
 use std::time::Instant;
 
 use sluice::protocol::v2::{InferenceRequest, InferenceResponse, JsonResponse};
+use sluice::protocol::v2_binary::decode_request;
 use sluice::protocol::{InferRequest, InferResponse};
 use sluice::tensor::{Tensor, TensorData};
 
@@ -37,6 +40,9 @@ fn main() {
             let wire: InferenceRequest = serde_json::from_slice(&body).unwrap();
             std::hint::black_box(InferRequest::try_from(wire).unwrap());
         });
+        let one_pass = per_call(n, || {
+            std::hint::black_box(decode_request(&body, None).unwrap());
+        });
         let via_value = per_call(n, || {
             std::hint::black_box(serde_json::to_vec(&InferenceResponse::from(&resp)).unwrap());
         });
@@ -44,7 +50,7 @@ fn main() {
             std::hint::black_box(serde_json::to_vec(&JsonResponse::from(&resp)).unwrap());
         });
         println!(
-            "round {round}: decode {} B request {decode:.1} µs; encode 784 floats: via Value {via_value:.1} µs, typed {typed:.1} µs ({:.2}x)",
+            "round {round}: decode {} B request: serde {decode:.1} µs, one pass {one_pass:.1} µs; encode 784 floats: via Value {via_value:.1} µs, typed {typed:.1} µs ({:.2}x)",
             body.len(),
             via_value / typed
         );

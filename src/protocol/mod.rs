@@ -17,6 +17,7 @@ pub mod statistics;
 pub mod v1;
 pub mod v2;
 pub mod v2_binary;
+mod v2_scan;
 
 pub(crate) use json::{element_to_json, parse_elements, JsonElements};
 

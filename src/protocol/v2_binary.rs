@@ -77,6 +77,22 @@ fn refuse_unsupported(params: Option<&Map<String, Value>>, what: &str) -> Result
 /// body, a `binary_data_size` that does not fit, bytes no input claims) is a
 /// 400 naming the input and the byte counts.
 pub fn decode_request(body: &[u8], header: Option<&[u8]>) -> Result<DecodedRequest, Error> {
+    // The usual all-JSON body in one pass; anything else (and every error)
+    // the serde way below.
+    if header.is_none() {
+        if let Some(request) = super::v2_scan::decode(body) {
+            return Ok(DecodedRequest {
+                request,
+                outputs: OutputEncoding::default(),
+            });
+        }
+    }
+    decode_request_serde(body, header)
+}
+
+/// [`decode_request`] through `serde_json` and [`v2::decode_input`]: every
+/// body, with the error messages.
+pub(super) fn decode_request_serde(body: &[u8], header: Option<&[u8]>) -> Result<DecodedRequest, Error> {
     let json_len = match header {
         None => body.len(),
         Some(raw) => {
