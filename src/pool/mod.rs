@@ -9,10 +9,12 @@
 //! travel with the job and are released by the session thread when the run
 //! ends, so a caller that gives up can never leave the device
 //! oversubscribed. A batch that waited for its device slot is sent to its
-//! session thread by the session thread that freed the slot.
+//! session thread by the session thread that freed the slot, or, when its
+//! model is fast, run by that thread itself (`handoff`).
 
 mod cancel;
 pub mod fair;
+mod handoff;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -98,6 +100,10 @@ struct Job {
     deadline: Instant,
     /// The caller awaits the result here.
     reply: oneshot::Sender<Result<(Vec<Tensor>, Duration), RunError>>,
+    /// The model's sessions on this device, for a thread the job is handed to.
+    sessions: Arc<[SharedSession]>,
+    /// The model's last run time ([`ModelWorkers::last_run_ns`]).
+    last_run_ns: Arc<AtomicU64>,
     /// Released by the session thread when the run ends, the device slot
     /// first (a tuple drops in field order): it must go to a batch already
     /// waiting at the device, often another model's, before this model's
@@ -123,8 +129,9 @@ const INLINE_RUN_LIMIT: Duration = Duration::from_micros(100);
 
 /// The sessions of one model placed on one device.
 struct Group {
-    /// The group's sessions, for the batches that run inline.
-    all: Vec<SharedSession>,
+    /// The group's sessions, for the batches that run inline or are handed
+    /// to another model's session thread.
+    all: Arc<[SharedSession]>,
     /// Jobs for this group's session threads (each holds a clone of the
     /// receiver). Bounded by the number of sessions, and `sessions` permits
     /// guarantee there is room, so a send never waits.
@@ -195,7 +202,7 @@ impl ModelWorkers {
                 }
                 let session: SharedSession = Arc::new(Mutex::new(session));
                 all.push(session.clone());
-                let (rx, runs, last) = (rx.clone(), pool.runs.clone(), last_run_ns.clone());
+                let (rx, runs) = (rx.clone(), pool.runs.clone());
                 let (warm_tx, warm_rx) = oneshot::channel();
                 warmed.push(warm_rx);
                 let (warmup, outputs) = (warmup.clone(), outputs.clone());
@@ -205,14 +212,14 @@ impl ModelWorkers {
                     .spawn(move || {
                         let _g = span.enter();
                         let _ = warm_tx.send(warm_up(lock(&session).as_mut(), &warmup, &outputs));
-                        session_loop(&session, rx, &runs, &last);
+                        session_loop(&session, rx, &runs);
                     })
                     .expect("cannot spawn a session thread");
                 threads.push(t);
                 instance += 1;
             }
             groups.push(Group {
-                all,
+                all: all.into(),
                 tx,
                 sessions: permits,
                 scheduler: pool.scheduler(device),
@@ -262,22 +269,33 @@ impl ModelWorkers {
             .map_err(|_| RunError::Closed)?;
         let (reply, rx) = oneshot::channel();
         let jobs = group.tx.clone();
+        let (sessions, last_run_ns) = (group.all.clone(), self.last_run_ns.clone());
         // The batch's place in the device queue: when it asked for a slot.
         // With the slot, the job goes straight to a session thread of the
-        // model (from the thread whose run freed the slot, when it waited).
+        // model, or, when it waited and the model is fast, runs on the
+        // session thread whose run freed the slot.
         group.scheduler.submit(
             Instant::now(),
             Box::new(move |device| {
+                let fast = last_run_ns.load(Ordering::Relaxed) < INLINE_RUN_LIMIT.as_nanos() as u64;
                 let job = Job {
                     inputs,
                     outputs,
                     deadline,
                     reply,
+                    sessions,
+                    last_run_ns,
                     _slots: (device, session),
+                };
+                let job = match fast {
+                    true => handoff::offer(job),
+                    false => Err(job),
                 };
                 // The session permit guarantees room; a closed channel (the
                 // model is gone) drops the job, which closes `reply`.
-                let _ = jobs.try_send(job);
+                if let Err(job) = job {
+                    let _ = jobs.try_send(job);
+                }
             }),
         );
         rx.await.map_err(|_| RunError::Closed)?
@@ -332,28 +350,52 @@ fn warm_up(session: &mut dyn Session, warmup: &[Warmup], outputs: &[String]) -> 
     Ok(())
 }
 
-/// Serves jobs until every sender is gone (the model was dropped).
-fn session_loop(
-    session: &SharedSession,
-    rx: crossbeam_channel::Receiver<Job>,
-    runs: &Runs,
-    last_run_ns: &AtomicU64,
-) {
+/// Serves jobs until every sender is gone (the model was dropped): its own,
+/// and those handed to it by the runs it ends (`handoff`), its own first.
+fn session_loop(session: &SharedSession, rx: crossbeam_channel::Receiver<Job>, runs: &Runs) {
+    handoff::become_taker();
     while let Ok(job) = rx.recv() {
-        if job.reply.is_closed() {
-            continue;
+        run_job(job, Some(session), runs);
+        loop {
+            if let Ok(own) = rx.try_recv() {
+                run_job(own, Some(session), runs);
+            } else if let Some(handed) = handoff::take() {
+                run_job(handed, None, runs);
+            } else {
+                break;
+            }
         }
-        let result = run_checked(
-            lock(session).as_mut(),
-            &job.inputs,
-            &job.outputs,
-            job.deadline,
-            runs,
-            last_run_ns,
-        );
-        let _ = job.reply.send(result);
     }
     tracing::debug!("session thread exits");
+}
+
+/// Runs `job` on `session`, or on a free session of the job's model when
+/// it was handed to this thread, and answers it; dropping it then releases
+/// its slots. A job whose caller is gone is dropped unrun.
+fn run_job(job: Job, session: Option<&SharedSession>, runs: &Runs) {
+    if job.reply.is_closed() {
+        return;
+    }
+    // The job holds one of its model's session permits, so one of its
+    // sessions is free (their lockers hold the others).
+    let mut locked = match session {
+        Some(own) => lock(own),
+        None => job
+            .sessions
+            .iter()
+            .find_map(|s| s.try_lock().ok())
+            .unwrap_or_else(|| lock(&job.sessions[0])),
+    };
+    let result = run_checked(
+        locked.as_mut(),
+        &job.inputs,
+        &job.outputs,
+        job.deadline,
+        runs,
+        &job.last_run_ns,
+    );
+    drop(locked);
+    let _ = job.reply.send(result);
 }
 
 /// Runs a batch on `session` unless its deadline has passed or shutdown
@@ -403,6 +445,64 @@ mod tests {
             self.0.lock().unwrap().push(name);
             std::thread::sleep(self.1);
             Ok(Vec::new())
+        }
+    }
+
+    /// Records the thread of each run, then holds the run until the test
+    /// sends a message on the gate.
+    struct Gated(Arc<Mutex<Vec<String>>>, Mutex<std::sync::mpsc::Receiver<()>>);
+
+    impl Session for Gated {
+        fn run(&mut self, _: &[Tensor], _: &[String]) -> Result<Vec<Tensor>, RuntimeError> {
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            self.0.lock().unwrap().push(name);
+            let _ = self.1.lock().unwrap().recv();
+            Ok(Vec::new())
+        }
+    }
+
+    /// A batch that waited for the device runs on the session thread that
+    /// freed it when its model is fast, and on its own session thread when not.
+    #[tokio::test]
+    async fn a_fast_models_waiting_batch_runs_on_the_thread_that_frees_the_device() {
+        for fast in [true, false] {
+            let pool = Pool::new(PoolLimits { cpu: 1, gpu: 1 });
+            let (seen_a, seen_b) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
+            let (gate, held) = std::sync::mpsc::channel();
+            let a: Box<dyn Session> = Box::new(Gated(seen_a.clone(), Mutex::new(held)));
+            let b: Box<dyn Session> = Box::new(Where(seen_b.clone(), Duration::ZERO));
+            let (a, _) = ModelWorkers::spawn("a", vec![(Device::Cpu, a)], &pool, Vec::new(), Vec::new());
+            let (b, _) = ModelWorkers::spawn("b", vec![(Device::Cpu, b)], &pool, Vec::new(), Vec::new());
+            let b_last = match fast {
+                true => 1_000,
+                false => INLINE_RUN_LIMIT.as_nanos() as u64 * 2,
+            };
+            b.last_run_ns.store(b_last, Ordering::Relaxed);
+            let later = Instant::now() + Duration::from_secs(10);
+            let (a, b) = (Arc::new(a), Arc::new(b));
+            // `a` runs and holds the device until the gate opens.
+            let run_a = tokio::spawn({
+                let a = a.clone();
+                async move { a.run(Vec::new(), Vec::new(), later, false).await.map(|_| ()) }
+            });
+            while seen_a.lock().unwrap().is_empty() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            // `b`'s batch waits for the device.
+            let run_b = tokio::spawn({
+                let b = b.clone();
+                async move { b.run(Vec::new(), Vec::new(), later, false).await.map(|_| ()) }
+            });
+            let device = pool.scheduler(Device::Cpu);
+            while device.waiting() == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            gate.send(()).unwrap();
+            run_a.await.unwrap().unwrap();
+            run_b.await.unwrap().unwrap();
+            let threads = seen_b.lock().unwrap().clone();
+            let want = if fast { "sluice-s0-a" } else { "sluice-s0-b" };
+            assert_eq!(threads, [want], "fast: {fast}");
         }
     }
 
