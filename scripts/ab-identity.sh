@@ -8,9 +8,12 @@
 # binary alike); compare the medians. Also prints each server's idle RSS
 # (1 s after ready) and its RSS after the load.
 #
-# Usage: scripts/ab-identity.sh [--spread] CONNS SECONDS ROUNDS BINARY...
+# Usage: scripts/ab-identity.sh [--spread | --mlp] CONNS SECONDS ROUNDS BINARY...
 #   --spread: the repository also holds 100 copies (identity_000..identity_099)
 #             and the requests go round-robin over them (a batch per request).
+#   --mlp:    the requests go to `mlp` instead: one row of 784 random FP32
+#             values (each printed as the shortest text of its f64, keys
+#             sorted, as the request-path bench's serde_json body), 15 KB.
 #   e.g. cargo build --release && cp target/release/sluice /tmp/a
 #        cargo build --release --features mimalloc && cp target/release/sluice /tmp/b
 #        scripts/ab-identity.sh 64 4 3 /tmp/a /tmp/b
@@ -18,12 +21,15 @@
 set -euo pipefail
 
 die() { echo "ab-identity: error: $*" >&2; exit 1; }
-spread=0
+spread=0 model=identity
 if [[ "${1:-}" == --spread ]]; then
   spread=1
   shift
+elif [[ "${1:-}" == --mlp ]]; then
+  model=mlp
+  shift
 fi
-[[ $# -ge 4 ]] || die "usage: $0 [--spread] CONNS SECONDS ROUNDS BINARY..."
+[[ $# -ge 4 ]] || die "usage: $0 [--spread | --mlp] CONNS SECONDS ROUNDS BINARY..."
 command -v wrk >/dev/null || die "wrk not found (apt-get install wrk)"
 conns=$1 seconds=$2 rounds=$3
 shift 3
@@ -40,6 +46,17 @@ wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.body = '{"inputs":[{"name":"input","shape":[1,16],"datatype":"FP32","data":[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.3,1.4,1.5,1.6]}]}'
 EOF
+if [[ $model == mlp ]]; then
+  python3 - "$work/post.lua" <<'EOF'
+import json, random, struct, sys
+random.seed(11)
+row = [struct.unpack("f", struct.pack("f", random.random()))[0] for _ in range(784)]
+body = json.dumps({"inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32", "data": row}]},
+                  sort_keys=True, separators=(",", ":"))
+with open(sys.argv[1], "a") as f:
+    f.write("wrk.body = '%s'\n" % body)
+EOF
+fi
 if [[ $spread == 1 ]]; then
   for i in $(seq -w 0 99); do cp -r "$root/tests/fixtures/models/identity" "$work/repo/identity_0$i"; done
   cat >> "$work/post.lua" <<'EOF'
@@ -64,7 +81,7 @@ for _ in $(seq 1 "$rounds"); do
     done
     sleep 1
     rss_idle=$(awk '/VmRSS/ {print $2}' "/proc/$pid/status")
-    url="http://127.0.0.1:$port/v2/models/identity/infer"
+    url="http://127.0.0.1:$port/v2/models/$model/infer"
     wrk -t1 -c"$conns" -d1s -s "$work/post.lua" "$url" > /dev/null 2>&1
     cpu0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
     out=$(wrk -t1 -c"$conns" -d"${seconds}s" -s "$work/post.lua" "$url" 2>&1)

@@ -6,6 +6,10 @@
 //! that FP32 and FP64 values are exact (`"0.1"` is the f32 nearest 0.1, not
 //! the f64 nearest rounded again), and a body costs a few bytes per element
 //! instead of a `Value` of 32 bytes plus its array.
+//!
+//! The usual all-JSON body does not come here: `super::v2_scan` reads it
+//! in one pass with the same element parsers. This path takes the rest
+//! (binary headers, BOOL and BYTES, unusual keys) and words every error.
 
 use super::json_number::{self, Decimal};
 use super::DataType;
