@@ -156,7 +156,7 @@ fn number(b: &[u8]) -> Option<Decimal> {
 #[inline(always)]
 fn float<T: std::str::FromStr + Into<f64> + Copy>(
     b: &[u8],
-    fast: fn(Decimal) -> Option<T>,
+    fast: impl Fn(Decimal) -> Option<T>,
 ) -> Option<(T, usize)> {
     if let Some(d) = number(b) {
         if let Some(x) = fast(d) {
