@@ -360,7 +360,14 @@ fn session_loop(session: &SharedSession, rx: crossbeam_channel::Receiver<Job>, r
             if let Ok(own) = rx.try_recv() {
                 run_job(own, Some(session), runs);
             } else if let Some(handed) = handoff::take() {
-                run_job(handed, None, runs);
+                // Another model's run must not take this model's thread
+                // down: a panic there drops that job (its caller sees the
+                // sessions closed) and this thread goes on.
+                let ran =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(handed, None, runs)));
+                if ran.is_err() {
+                    tracing::error!("a batch handed over from another model panicked in its session");
+                }
             } else {
                 break;
             }
@@ -461,49 +468,82 @@ mod tests {
         }
     }
 
+    /// Model `a` runs a batch that holds the device until `b`'s batch (on
+    /// `b_session`, whose last run took `b_last_ns`) waits for it; then `a`'s
+    /// run ends. Gives `a`, `b` and the outcome of `b`'s batch.
+    async fn b_waits_behind_a(
+        b_session: Box<dyn Session>,
+        b_last_ns: u64,
+    ) -> (ModelWorkers, ModelWorkers, Result<(), RunError>) {
+        let pool = Pool::new(PoolLimits { cpu: 1, gpu: 1 });
+        let seen_a = Arc::new(Mutex::new(Vec::new()));
+        let (gate, held) = std::sync::mpsc::channel();
+        let a: Box<dyn Session> = Box::new(Gated(seen_a.clone(), Mutex::new(held)));
+        let (a, _) = ModelWorkers::spawn("a", vec![(Device::Cpu, a)], &pool, Vec::new(), Vec::new());
+        let (b, _) = ModelWorkers::spawn("b", vec![(Device::Cpu, b_session)], &pool, Vec::new(), Vec::new());
+        b.last_run_ns.store(b_last_ns, Ordering::Relaxed);
+        let later = Instant::now() + Duration::from_secs(10);
+        let (a, b) = (Arc::new(a), Arc::new(b));
+        // `a` runs and holds the device until the gate opens.
+        let run_a = tokio::spawn({
+            let a = a.clone();
+            async move { a.run(Vec::new(), Vec::new(), later, false).await.map(|_| ()) }
+        });
+        while seen_a.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // `b`'s batch waits for the device.
+        let run_b = tokio::spawn({
+            let b = b.clone();
+            async move { b.run(Vec::new(), Vec::new(), later, false).await.map(|_| ()) }
+        });
+        let device = pool.scheduler(Device::Cpu);
+        while device.waiting() == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        gate.send(()).unwrap();
+        run_a.await.unwrap().unwrap();
+        let ran_b = run_b.await.unwrap();
+        let (Ok(a), Ok(b)) = (Arc::try_unwrap(a), Arc::try_unwrap(b)) else {
+            panic!("the runs still hold the workers")
+        };
+        (a, b, ran_b)
+    }
+
     /// A batch that waited for the device runs on the session thread that
     /// freed it when its model is fast, and on its own session thread when not.
     #[tokio::test]
     async fn a_fast_models_waiting_batch_runs_on_the_thread_that_frees_the_device() {
-        for fast in [true, false] {
-            let pool = Pool::new(PoolLimits { cpu: 1, gpu: 1 });
-            let (seen_a, seen_b) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
-            let (gate, held) = std::sync::mpsc::channel();
-            let a: Box<dyn Session> = Box::new(Gated(seen_a.clone(), Mutex::new(held)));
+        for (last_ns, want) in [
+            (1_000, "sluice-s0-a"),
+            (INLINE_RUN_LIMIT.as_nanos() as u64 * 2, "sluice-s0-b"),
+        ] {
+            let seen_b = Arc::new(Mutex::new(Vec::new()));
             let b: Box<dyn Session> = Box::new(Where(seen_b.clone(), Duration::ZERO));
-            let (a, _) = ModelWorkers::spawn("a", vec![(Device::Cpu, a)], &pool, Vec::new(), Vec::new());
-            let (b, _) = ModelWorkers::spawn("b", vec![(Device::Cpu, b)], &pool, Vec::new(), Vec::new());
-            let b_last = match fast {
-                true => 1_000,
-                false => INLINE_RUN_LIMIT.as_nanos() as u64 * 2,
-            };
-            b.last_run_ns.store(b_last, Ordering::Relaxed);
-            let later = Instant::now() + Duration::from_secs(10);
-            let (a, b) = (Arc::new(a), Arc::new(b));
-            // `a` runs and holds the device until the gate opens.
-            let run_a = tokio::spawn({
-                let a = a.clone();
-                async move { a.run(Vec::new(), Vec::new(), later, false).await.map(|_| ()) }
-            });
-            while seen_a.lock().unwrap().is_empty() {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            // `b`'s batch waits for the device.
-            let run_b = tokio::spawn({
-                let b = b.clone();
-                async move { b.run(Vec::new(), Vec::new(), later, false).await.map(|_| ()) }
-            });
-            let device = pool.scheduler(Device::Cpu);
-            while device.waiting() == 0 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            gate.send(()).unwrap();
-            run_a.await.unwrap().unwrap();
-            run_b.await.unwrap().unwrap();
-            let threads = seen_b.lock().unwrap().clone();
-            let want = if fast { "sluice-s0-a" } else { "sluice-s0-b" };
-            assert_eq!(threads, [want], "fast: {fast}");
+            let (_a, _b, ran) = b_waits_behind_a(b, last_ns).await;
+            ran.unwrap();
+            assert_eq!(*seen_b.lock().unwrap(), [want], "last run {last_ns} ns");
         }
+    }
+
+    /// Panics in its run.
+    struct Panics;
+
+    impl Session for Panics {
+        fn run(&mut self, _: &[Tensor], _: &[String]) -> Result<Vec<Tensor>, RuntimeError> {
+            panic!("a session that panics (test)")
+        }
+    }
+
+    /// A handed-over batch that panics fails alone: the thread it ran on
+    /// still serves its own model.
+    #[tokio::test]
+    async fn a_handed_over_batch_that_panics_leaves_the_thread_serving() {
+        let (a, _b, ran) = b_waits_behind_a(Box::new(Panics), 1_000).await;
+        assert!(matches!(ran, Err(RunError::Closed)), "{ran:?}");
+        let later = Instant::now() + Duration::from_secs(10);
+        // `a`'s gate has no sender left: its run returns at once.
+        a.run(Vec::new(), Vec::new(), later, false).await.unwrap();
     }
 
     fn workers(delay: Duration) -> (ModelWorkers, Arc<Mutex<Vec<String>>>) {
