@@ -216,6 +216,25 @@ impl Decimal {
     }
 }
 
+/// A seeded xorshift generator for the tests of the number parsers.
+#[cfg(test)]
+pub(super) struct Rng(pub u64);
+
+#[cfg(test)]
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform-ish in `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,16 +260,6 @@ mod tests {
             assert_eq!(x.to_bits(), want.to_bits(), "f64 {s}");
         }
         (f.is_some(), d.is_some())
-    }
-
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
     }
 
     #[test]

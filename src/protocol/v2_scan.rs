@@ -202,6 +202,15 @@ fn number_len(b: &[u8]) -> Option<usize> {
     matches!(b.get(i), None | Some(b',' | b']' | b' ' | b'\n' | b'\r' | b'\t')).then_some(i)
 }
 
+/// The index of the first byte at or after `i` that is not JSON whitespace.
+#[inline(always)]
+fn after_ws(b: &[u8], mut i: usize) -> usize {
+    while matches!(b.get(i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+        i += 1;
+    }
+    i
+}
+
 /// A cursor over the body.
 struct Reader<'a> {
     b: &'a [u8],
@@ -212,9 +221,7 @@ impl<'a> Reader<'a> {
     /// Skips JSON whitespace.
     #[inline(always)]
     fn ws(&mut self) {
-        while matches!(self.b.get(self.i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
-            self.i += 1;
-        }
+        self.i = after_ws(self.b, self.i);
     }
 
     /// Skips whitespace, then takes `c`.
@@ -330,9 +337,7 @@ impl<'a> Reader<'a> {
         // After `[`: a value or `]`; after `,`: a value; after a value: `,` or `]`.
         let mut after_open = true;
         loop {
-            while matches!(b.get(i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
-                i += 1;
-            }
+            i = after_ws(b, i);
             match *b.get(i)? {
                 b'[' => {
                     depth += 1;
@@ -355,9 +360,7 @@ impl<'a> Reader<'a> {
             }
             // After a value (or an empty array's `[`): `,` or `]`s.
             loop {
-                while matches!(b.get(i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
-                    i += 1;
-                }
+                i = after_ws(b, i);
                 match *b.get(i)? {
                     b']' => {
                         i += 1;

@@ -4,6 +4,7 @@
 //! accept; and it must refuse (leave to serde) whatever it is not meant for.
 
 use super::decode;
+use crate::protocol::json_number::Rng;
 use crate::protocol::v2_binary::decode_request_serde;
 
 /// The serde path's request, as text for exact comparison.
@@ -22,19 +23,6 @@ fn takes(body: &str) {
 /// Asserts that the reader leaves `body` to serde.
 fn leaves(body: &str) {
     assert!(decode(body.as_bytes()).is_none(), "one-pass reader took {body}");
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
 }
 
 /// A float's text in one of the forms clients write.
