@@ -105,14 +105,14 @@ impl DeviceScheduler {
         Some(DevicePermit { sched: self.clone() })
     }
 
-    /// Waits for a run slot; waiters with an earlier `key` go first. (The
-    /// pool uses [`DeviceScheduler::submit`]; the fairness tests wait with this.)
     /// Batches waiting for a slot.
     #[cfg(test)]
     pub fn waiting(&self) -> usize {
         self.slots.lock().expect("device slots poisoned").waiting.len()
     }
 
+    /// Waits for a run slot; waiters with an earlier `key` go first. (The
+    /// pool uses [`DeviceScheduler::submit`]; the fairness tests wait with this.)
     #[cfg(test)]
     pub async fn acquire(self: &Arc<Self>, key: Instant) -> DevicePermit {
         // The receiver is this future: if it is dropped while waiting, the

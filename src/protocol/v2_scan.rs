@@ -110,12 +110,6 @@ fn output(r: &mut Reader<'_>) -> Option<String> {
 
 /// The `data` array at the reader, as exactly `count` elements of `dtype`.
 fn elements(r: &mut Reader<'_>, dtype: DataType, count: usize) -> Option<TensorData> {
-    let data = numbers(r, dtype, count)?;
-    (data.len() == count).then_some(data)
-}
-
-/// The `data` array at the reader, as at most `count` elements of `dtype`.
-fn numbers(r: &mut Reader<'_>, dtype: DataType, count: usize) -> Option<TensorData> {
     macro_rules! ints {
         ($variant:ident) => {
             TensorData::$variant(r.leaves(count, |b| {
@@ -124,7 +118,7 @@ fn numbers(r: &mut Reader<'_>, dtype: DataType, count: usize) -> Option<TensorDa
             })?)
         };
     }
-    Some(match dtype {
+    let data = match dtype {
         DataType::F32 => TensorData::F32(r.leaves(count, |b| float(b, Decimal::to_f32))?),
         DataType::F64 => TensorData::F64(r.leaves(count, |b| float(b, Decimal::to_f64))?),
         DataType::I64 => ints!(I64),
@@ -136,7 +130,8 @@ fn numbers(r: &mut Reader<'_>, dtype: DataType, count: usize) -> Option<TensorDa
         DataType::U16 => ints!(U16),
         DataType::U8 => ints!(U8),
         DataType::F16 | DataType::Bf16 | DataType::Bool | DataType::Bytes => return None,
-    })
+    };
+    (data.len() == count).then_some(data)
 }
 
 /// The JSON number at the front of `b` when [`json_number::scan`] reads it
