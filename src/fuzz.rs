@@ -212,7 +212,10 @@ fn encode_all(resp: &InferResponse, encoding: &OutputEncoding, bounded: bool) {
     for e in [encoding, &OutputEncoding::default(), all_binary()] {
         check_v2(resp, e);
     }
-    let typed = serde_json::to_vec(&JsonResponse::from(resp)).expect("a response serializes");
+    let mut typed = Vec::new();
+    JsonResponse::from(resp)
+        .write_to(&mut typed)
+        .expect("a response serializes");
     let values = serde_json::to_vec(&InferenceResponse::from(resp)).expect("a response serializes");
     assert!(
         typed == values,

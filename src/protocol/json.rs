@@ -116,39 +116,14 @@ fn f32_to_json(x: f32) -> Value {
     if !x.is_finite() {
         return Value::Null;
     }
-    serde_json::Number::from_f64(f32_wide(x)).map_or(Value::Null, Value::Number)
-}
-
-/// The f64 that a 32-bit float is written as in JSON: the f64 nearest its
-/// shortest decimal form (0.1, not 0.10000000149011612).
-fn f32_wide(x: f32) -> f64 {
-    // Rust's own shortest form (ryu differs on ties: 2110626.25 is "…26.3"
-    // here, "…26.2" there), written to the stack: no allocation.
-    struct Stack([u8; 64], usize);
-    impl std::fmt::Write for Stack {
-        fn write_str(&mut self, s: &str) -> std::fmt::Result {
-            let end = self.1 + s.len();
-            self.0
-                .get_mut(self.1..end)
-                .ok_or(std::fmt::Error)?
-                .copy_from_slice(s.as_bytes());
-            self.1 = end;
-            Ok(())
-        }
-    }
-    let mut buf = Stack([0; 64], 0);
-    if std::fmt::Write::write_fmt(&mut buf, format_args!("{x}")).is_err() {
-        return f64::from(x);
-    }
-    std::str::from_utf8(&buf.0[..buf.1])
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(f64::from(x))
+    serde_json::Number::from_f64(super::json_f32::wide(x)).map_or(Value::Null, Value::Number)
 }
 
 /// A tensor's elements as a flat JSON array, serialized straight from the
 /// typed vector (no `Value` per element); the same text as
-/// [`element_to_json`] gives element by element.
+/// [`element_to_json`] gives element by element when written by
+/// [`super::json_to_writer`] (FP32 elements go to the serializer as f32s,
+/// whose text that writer's formatter makes the one sluice always sent).
 pub(crate) struct JsonElements<'a>(pub &'a TensorData);
 
 impl serde::Serialize for JsonElements<'_> {
@@ -169,7 +144,6 @@ impl serde::Serialize for JsonElements<'_> {
                 }
             };
         }
-        let small = |x: f32| if x.is_finite() { f32_wide(x) } else { f64::NAN };
         match data {
             TensorData::Bool(v) => each!(v, |x| seq.serialize_element(x)),
             TensorData::U8(v) => each!(v, |x| seq.serialize_element(x)),
@@ -180,9 +154,9 @@ impl serde::Serialize for JsonElements<'_> {
             TensorData::I16(v) => each!(v, |x| seq.serialize_element(x)),
             TensorData::I32(v) => each!(v, |x| seq.serialize_element(x)),
             TensorData::I64(v) => each!(v, |x| seq.serialize_element(x)),
-            TensorData::F16(v) => each!(v, |x| float(&mut seq, small(x.to_f32()))),
-            TensorData::Bf16(v) => each!(v, |x| float(&mut seq, small(x.to_f32()))),
-            TensorData::F32(v) => each!(v, |x| float(&mut seq, small(*x))),
+            TensorData::F16(v) => each!(v, |x| seq.serialize_element(&x.to_f32())),
+            TensorData::Bf16(v) => each!(v, |x| seq.serialize_element(&x.to_f32())),
+            TensorData::F32(v) => each!(v, |x| seq.serialize_element(x)),
             TensorData::F64(v) => each!(v, |x| float(&mut seq, *x)),
             TensorData::Bytes(v) => each!(v, |x| seq.serialize_element(&String::from_utf8_lossy(x))),
         }
@@ -342,7 +316,11 @@ mod tests {
             f32::INFINITY,
             f32::NEG_INFINITY,
         ]);
-        let text = |d: &TensorData| serde_json::to_string(&JsonElements(d)).unwrap();
+        let text = |d: &TensorData| {
+            let mut out = Vec::new();
+            super::super::json_to_writer(&mut out, &JsonElements(d)).unwrap();
+            String::from_utf8(out).unwrap()
+        };
         for &x in &floats {
             let want = Value::Array(vec![old_float(x)]).to_string();
             assert_eq!(

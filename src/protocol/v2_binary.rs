@@ -265,7 +265,8 @@ pub fn encode_response(resp: &InferResponse, encoding: &OutputEncoding) -> Encod
         .collect();
     if binary.is_empty() {
         let mut body = Vec::with_capacity(json_len_estimate(resp));
-        serde_json::to_writer(&mut body, &JsonResponse::from(resp))
+        JsonResponse::from(resp)
+            .write_to(&mut body)
             .expect("an inference response serializes. This is a bug.");
         return EncodedResponse {
             body,
@@ -292,7 +293,8 @@ pub fn encode_response(resp: &InferResponse, encoding: &OutputEncoding) -> Encod
             })
             .collect(),
     };
-    let mut body = serde_json::to_vec(&header).expect("a response header serializes. This is a bug.");
+    let mut body = Vec::new();
+    super::json_to_writer(&mut body, &header).expect("a response header serializes. This is a bug.");
     let header_length = body.len();
     body.reserve(binary.iter().map(|t| binary::encoded_len(&t.data)).sum());
     for t in binary {
