@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,8 +53,13 @@ pub(super) struct ConnState {
     h2: AtomicBool,
     /// The accept loop asks this connection to close to make room.
     evict: AtomicBool,
-    /// Wakes the connection's task when any of the above changes; the
-    /// task is the only waiter.
+    /// The connection's task wants to hear of phase changes: set once it
+    /// drains (it must tell hyper to finish as soon as the phase allows).
+    /// Before that, phase changes (several per request) wake nobody: the
+    /// task's timer is set no later than any deadline they can bring.
+    watched: AtomicBool,
+    /// Wakes the connection's task on an eviction, and on phase changes
+    /// while `watched`; the task is the only waiter.
     changed: Notify,
 }
 
@@ -67,6 +72,7 @@ impl ConnState {
             since_ms: AtomicU64::new(0),
             h2: AtomicBool::new(false),
             evict: AtomicBool::new(false),
+            watched: AtomicBool::new(false),
             changed: Notify::new(),
         }
     }
@@ -75,7 +81,23 @@ impl ConnState {
         let ms = now.saturating_duration_since(self.accepted).as_millis() as u64;
         self.since_ms.store(ms, Ordering::Release);
         self.phase.store(phase as u8, Ordering::Release);
-        self.changed.notify_one();
+        self.phase_changed();
+    }
+
+    /// Wakes the connection's task if it watches phases. The fence pairs
+    /// with [`ConnState::watch_phases`]'s: either the task reads the new
+    /// phase after setting `watched`, or this reads `watched` set.
+    fn phase_changed(&self) {
+        fence(Ordering::SeqCst);
+        if self.watched.load(Ordering::Relaxed) {
+            self.changed.notify_one();
+        }
+    }
+
+    /// From now on every phase change wakes the connection's task.
+    fn watch_phases(&self) {
+        self.watched.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
     }
 
     fn phase(&self) -> (Phase, Instant) {
@@ -106,7 +128,7 @@ impl ConnState {
     pub(super) fn begin_request(&self) {
         self.active.fetch_add(1, Ordering::AcqRel);
         self.phase.store(Phase::Busy as u8, Ordering::Release);
-        self.changed.notify_one();
+        self.phase_changed();
     }
 
     /// A request's answer was handed to hyper in full (or dropped).
@@ -136,13 +158,8 @@ impl ConnState {
 
     /// Why the connection must close now, if it must.
     fn close_reason(&self, limits: &HttpLimits, now: Instant) -> Option<&'static str> {
-        if !self.is_quiet() {
-            // A request started after the accept loop chose this connection.
-            self.evict.store(false, Ordering::Release);
-            return None;
-        }
-        if self.evict.load(Ordering::Acquire) {
-            return Some("evicted to make room: http.max_connections reached");
+        if let Some(why) = self.evict_reason() {
+            return Some(why);
         }
         match self.deadline(limits) {
             Some(d) if d <= now => Some(match self.phase().0 {
@@ -151,6 +168,32 @@ impl ConnState {
             }),
             _ => None,
         }
+    }
+
+    /// Whether the connection must close because it was evicted.
+    fn evict_reason(&self) -> Option<&'static str> {
+        if !self.is_quiet() {
+            // A request started after the accept loop chose this connection.
+            self.evict.store(false, Ordering::Release);
+            return None;
+        }
+        self.evict
+            .load(Ordering::Acquire)
+            .then_some("evicted to make room: http.max_connections reached")
+    }
+
+    /// When the connection's timer must look next: the current phase's
+    /// deadline or, sooner, the earliest deadline that a phase beginning
+    /// after `now` can have (phase starts are kept in whole milliseconds
+    /// after the accept, so a later one may read up to 1 ms before `now`).
+    fn next_check(&self, limits: &HttpLimits, now: Instant) -> Instant {
+        let shortest = limits.header_read_timeout.min(limits.keep_alive_timeout);
+        // (At least 1 ms, so that sub-millisecond limits do not spin the task.)
+        let soonest = now
+            + shortest
+                .saturating_sub(Duration::from_millis(1))
+                .max(Duration::from_millis(1));
+        self.deadline(limits).map_or(soonest, |d| d.min(soonest))
     }
 
     /// While draining: whether hyper may be told to finish (answer what runs,
@@ -291,6 +334,12 @@ pub(super) type HyperConnection<'a> = hyper_util::server::conn::auto::Connection
 /// it is evicted, and finishing it gracefully once the server drains. hyper
 /// goes first at every wake-up, so bytes that have arrived are read before a
 /// deadline is judged (a starved task does not drop a request that came in time).
+///
+/// One timer serves the connection's life. It is set no later than the
+/// current phase's deadline and than any later phase's (see
+/// [`ConnState::next_check`]), and reset only when it fires, so the phase
+/// changes of a request cost no timer work and no wake-up of this task
+/// (they were three timer registrations and three wake-ups per request).
 pub(super) async fn drive(
     mut conn: Pin<&mut HyperConnection<'_>>,
     state: &ConnState,
@@ -300,14 +349,17 @@ pub(super) async fn drive(
     let accepted_while_draining = *stop.borrow();
     let mut draining = accepted_while_draining;
     let mut finishing = false;
+    let timer = tokio::time::sleep_until(state.next_check(limits, Instant::now()).into());
+    tokio::pin!(timer);
     loop {
-        if draining && !finishing && state.may_finish(accepted_while_draining) {
-            conn.as_mut().graceful_shutdown();
-            finishing = true;
+        if draining && !finishing {
+            state.watch_phases();
+            if state.may_finish(accepted_while_draining) {
+                conn.as_mut().graceful_shutdown();
+                finishing = true;
+            }
         }
-        let deadline = state.deadline(limits);
-        let sleep = tokio::time::sleep_until(deadline.unwrap_or_else(far_future).into());
-        tokio::select! {
+        let fired = tokio::select! {
             biased;
             done = conn.as_mut() => {
                 if let Err(e) = done {
@@ -315,19 +367,26 @@ pub(super) async fn drive(
                 }
                 return;
             }
-            _ = state.changed.notified() => {}
-            _ = stop.wait_for(|s| *s), if !draining => draining = true,
-            _ = sleep, if deadline.is_some() => {}
-        }
-        if let Some(why) = state.close_reason(limits, Instant::now()) {
+            _ = state.changed.notified() => false,
+            _ = stop.wait_for(|s| *s), if !draining => {
+                draining = true;
+                false
+            }
+            _ = timer.as_mut() => true,
+        };
+        let why = match fired {
+            true => {
+                let now = Instant::now();
+                timer.as_mut().reset(state.next_check(limits, now).into());
+                state.close_reason(limits, now)
+            }
+            false => state.evict_reason(),
+        };
+        if let Some(why) = why {
             tracing::debug!(reason = why, "closing HTTP connection");
             return;
         }
     }
-}
-
-fn far_future() -> Instant {
-    Instant::now() + Duration::from_secs(86400 * 365)
 }
 
 #[cfg(test)]
@@ -365,6 +424,54 @@ mod tests {
         let (phase, since) = c.phase();
         assert_eq!(phase, Phase::Head);
         assert_eq!(c.deadline(&l), Some(since + l.header_read_timeout));
+    }
+
+    /// The timer is never later than a deadline, now or in a later phase.
+    #[test]
+    fn the_timer_looks_no_later_than_any_deadline() {
+        let l = limits();
+        let c = ConnState::new();
+        let soon = |now: Instant| now + l.header_read_timeout - Duration::from_millis(1);
+        assert_eq!(
+            c.next_check(&l, c.accepted),
+            c.accepted + l.header_read_timeout - Duration::from_millis(1)
+        );
+        c.on_read(b"GET / HTTP/1.1\r\n", true);
+        c.begin_request();
+        // Busy: no deadline now, but a later phase's comes no sooner than this.
+        let now = c.accepted + Duration::from_secs(30);
+        assert_eq!(c.next_check(&l, now), soon(now));
+        c.end_request();
+        let (_, since) = c.phase();
+        let idle_deadline = since + l.keep_alive_timeout;
+        let now = since + Duration::from_secs(70);
+        assert_eq!(c.next_check(&l, now), idle_deadline);
+        assert!(c.next_check(&l, since) <= since + l.header_read_timeout);
+        // Phase changes do not wake the task until it watches them.
+        c.on_read(b"G", false);
+        c.watch_phases();
+        c.begin_request();
+        let woken = futures_now(c.changed.notified());
+        assert!(woken, "a phase change while watched wakes the task");
+    }
+
+    /// Whether `f` is ready at its first poll.
+    fn futures_now<F: std::future::Future>(f: F) -> bool {
+        let mut f = std::pin::pin!(f);
+        let waker = std::task::Waker::noop();
+        f.as_mut()
+            .poll(&mut std::task::Context::from_waker(waker))
+            .is_ready()
+    }
+
+    #[test]
+    fn phase_changes_wake_nobody_until_watched() {
+        let c = ConnState::new();
+        c.on_read(b"GET / HTTP/1.1\r\n", true);
+        c.begin_request();
+        c.end_request();
+        c.on_read(b"G", false);
+        assert!(!futures_now(c.changed.notified()));
     }
 
     #[test]
