@@ -93,6 +93,9 @@ impl Batcher {
             queued: queued.clone(),
             stats: stats.clone(),
             padding: padding.clone(),
+            finished: Default::default(),
+            idle: Default::default(),
+            finish_wake: Default::default(),
         });
         tokio::spawn(task::batching_task(shared, rx, settings_rx));
         model_metrics.queue_size(0);

@@ -5,11 +5,11 @@
 //!
 //! [`Batcher`]: super::Batcher
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Notify};
 use tracing::Instrument;
 
 use super::padding::Padding;
@@ -44,6 +44,41 @@ pub(super) struct Shared {
     pub stats: Arc<ModelStats>,
     /// How requests of different lengths are padded into one batch (`None`: they never are).
     pub padding: Option<Arc<Padding>>,
+    /// Finished batches: their run times, pushed by batch tasks (see
+    /// [`batch_done`]), taken by the batching task before each decision.
+    pub finished: Mutex<Vec<Duration>>,
+    /// Set by the batching task while it waits with nothing queued (open,
+    /// not draining): no decision of its can change when a batch finishes
+    /// then, so batch tasks do not wake it (the next request does, and it
+    /// takes `finished` first). A lone request's batch thus ends without a
+    /// second task to schedule, which made tokio wake the other async worker.
+    pub idle: AtomicBool,
+    /// Wakes the batching task when a batch finishes and it is not `idle`;
+    /// batch tasks notify, the batching task is the only waiter.
+    pub finish_wake: Notify,
+}
+
+impl Shared {
+    /// The finished batches' run times since the last call.
+    fn take_finished(&self) -> Vec<Duration> {
+        std::mem::take(&mut *self.finished.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// A batch task's last step: records the run time and wakes the batching
+/// task unless it is `idle`. The fence pairs with the batching task's after
+/// it clears `idle`: either this sees `idle` cleared, or the batching task
+/// sees this run time in `finished`.
+fn batch_done(shared: &Shared, took: Duration) {
+    shared
+        .finished
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(took);
+    fence(Ordering::SeqCst);
+    if !shared.idle.load(Ordering::Relaxed) {
+        shared.finish_wake.notify_one();
+    }
 }
 
 /// The loop. `entries`: requests from every `Batcher` handle (closed when
@@ -54,9 +89,6 @@ pub(super) async fn batching_task(
     mut settings: watch::Receiver<BatchSettings>,
 ) {
     let mut state = State::new();
-    // Each batch task sends one message here when its batch has finished.
-    // Each batch task sends how long its batch ran here when it has finished.
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Duration>();
     let instances = shared.workers.instances();
     let mut in_flight = 0usize;
     let mut open = true;
@@ -67,6 +99,10 @@ pub(super) async fn batching_task(
     // arriving request goes there instead.
     let mut successor: Option<Batcher> = None;
     loop {
+        for took in shared.take_finished() {
+            in_flight -= 1;
+            state.record_run(took);
+        }
         let now = Instant::now();
         for (entry, why) in state.remove_dead(now) {
             leave_queue(&shared, &entry);
@@ -99,7 +135,7 @@ pub(super) async fn batching_task(
             Decision::Flush(trigger) => {
                 let batch = state.take_batch(Limits::of(&current));
                 in_flight += 1;
-                dispatch(&shared, batch, trigger, done_tx.clone());
+                dispatch(&shared, batch, trigger);
                 continue;
             }
             Decision::Wait(d) => Some(d),
@@ -119,12 +155,22 @@ pub(super) async fn batching_task(
                 None => std::future::pending().await,
             }
         };
+        let idle = open && !draining && state.is_empty();
+        shared.idle.store(idle, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if !idle
+            && !shared
+                .finished
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+        {
+            // A batch finished after `take_finished` and did not wake us.
+            continue;
+        }
         tokio::select! {
             biased;
-            Some(took) = done_rx.recv() => {
-                in_flight -= 1;
-                state.record_run(took);
-            }
+            () = shared.finish_wake.notified() => {}
             msg = entries.recv(), if open => match msg {
                 Some(msg) => {
                     draining |= receive(&shared, &mut state, &mut successor, msg);
@@ -178,12 +224,7 @@ fn leave_queue(shared: &Shared, entry: &Entry) {
 }
 
 /// Records the batch and runs it on a task of its own.
-fn dispatch(
-    shared: &Arc<Shared>,
-    mut batch: Vec<Entry>,
-    trigger: Trigger,
-    done: mpsc::UnboundedSender<Duration>,
-) {
+fn dispatch(shared: &Arc<Shared>, mut batch: Vec<Entry>, trigger: Trigger) {
     let now = Instant::now();
     let rows: usize = batch.iter().map(|e| e.rows).sum();
     shared.metrics.batch_dispatched(rows, trigger.as_str());
@@ -212,7 +253,7 @@ fn dispatch(
     let shared = shared.clone();
     tokio::spawn(async move {
         let took = run_batch(&shared, batch).await;
-        let _ = done.send(took);
+        batch_done(&shared, took);
     });
 }
 
