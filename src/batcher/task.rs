@@ -250,11 +250,44 @@ fn dispatch(shared: &Arc<Shared>, mut batch: Vec<Entry>, trigger: Trigger) {
         // Ends the entry's `queue` span: its batch has formed.
         e.queue_span = tracing::Span::none();
     }
+    let model = shared.model.clone();
     let shared = shared.clone();
-    tokio::spawn(async move {
-        let took = run_batch(&shared, batch).await;
-        batch_done(&shared, took);
+    let mut run = Box::pin(async move {
+        // Reports the batch done however it ends: answered, panicked, or
+        // dropped at shutdown (a panic used to leave it counted in flight).
+        let mut done = Done {
+            shared: shared.clone(),
+            took: Duration::ZERO,
+        };
+        done.took = run_batch(&shared, batch).await;
     });
+    // A fast model's small batch often runs inline and is done at its first
+    // poll: then no task is spawned for it (spread over 100 models, one
+    // request per batch: 65.7 -> 62.1 us of CPU per request, every one of
+    // 4 interleaved rounds better). A panic stays in the batch, as it would
+    // in a task of its own: the batching task goes on.
+    let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        futures_util::FutureExt::now_or_never(run.as_mut())
+    }));
+    match first {
+        Ok(Some(())) => {}
+        Ok(None) => {
+            tokio::spawn(run);
+        }
+        Err(_) => tracing::error!(model = %model, "a batch panicked; its requests fail"),
+    }
+}
+
+/// Calls [`batch_done`] when dropped: with the run time once the batch ran.
+struct Done {
+    shared: Arc<Shared>,
+    took: Duration,
+}
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        batch_done(&self.shared, self.took);
+    }
 }
 
 /// Runs one batch and answers each entry with its own rows. A batch that

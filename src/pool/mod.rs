@@ -412,8 +412,19 @@ fn run_job(job: Job, session: Option<&SharedSession>, runs: &Runs) {
     let _ = job.reply.send(result);
 }
 
+/// The message of a caught panic.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(s), _) => s.to_string(),
+        (_, Some(s)) => s.clone(),
+        _ => "(no message)".to_string(),
+    }
+}
+
 /// Runs a batch on `session` unless its deadline has passed or shutdown
-/// cancelled the runs, and records how long it took in `last_run_ns`.
+/// cancelled the runs, and records how long it took in `last_run_ns`. A
+/// panic in the session is the batch's error: it must not take the session
+/// thread (or the async worker of an inline run) down with it.
 fn run_checked(
     session: &mut dyn Session,
     inputs: &[Tensor],
@@ -433,7 +444,9 @@ fn run_checked(
         return Err(RunError::Cancelled);
     }
     let started = Instant::now();
-    let result = session.run(inputs, outputs).map_err(|e| match runs.cancelled() {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| session.run(inputs, outputs)))
+        .unwrap_or_else(|panic| Err(RuntimeError::Panicked(panic_text(&*panic))));
+    let result = result.map_err(|e| match runs.cancelled() {
         true => RunError::Cancelled,
         false => RunError::from(e),
     });

@@ -62,7 +62,9 @@ impl From<RuntimeError> for LoadError {
     fn from(e: RuntimeError) -> Self {
         match &e {
             RuntimeError::Provider(_) => LoadError::Provider(error_chain(&e)),
-            RuntimeError::Library(_) | RuntimeError::Run(_) => LoadError::Internal(error_chain(&e)),
+            RuntimeError::Library(_) | RuntimeError::Run(_) | RuntimeError::Panicked(_) => {
+                LoadError::Internal(error_chain(&e))
+            }
             _ => LoadError::Files(error_chain(&e)),
         }
     }

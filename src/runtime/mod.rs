@@ -105,4 +105,8 @@ pub enum RuntimeError {
     /// `Session::run` failed.
     #[error("{0}")]
     Run(#[source] ort::Error),
+    /// `Session::run` panicked (a bug below sluice's code): the batch fails,
+    /// the session and its thread go on.
+    #[error("the session panicked while running the batch: {0}")]
+    Panicked(String),
 }

@@ -24,6 +24,8 @@ use crate::tensor::{Tensor, TensorData};
 
 /// A batch holding this value fails inside the fake session.
 const POISON: f32 = -1.0;
+/// A batch holding this value panics inside the fake session.
+const PANIC: f32 = -2.0;
 
 /// What a fake session saw; shared with the test.
 #[derive(Default)]
@@ -99,6 +101,9 @@ impl Session for FakeSession {
                 x.shape,
                 v.len()
             )));
+        }
+        if v.contains(&PANIC) {
+            panic!("a fake session that panics (test)");
         }
         if v.contains(&POISON) {
             return Err(RuntimeError::Unsupported("poisoned row".into()));
@@ -566,3 +571,28 @@ async fn a_batch_that_fails_is_retried_request_by_request_so_one_bad_request_fai
 
 mod lifecycle;
 mod padded;
+
+/// A batch that panics (inline on an async worker, or on its session
+/// thread) fails its own requests only; the batching task goes on and the
+/// batch no longer counts as in flight, so the next request is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_panics_fails_alone_and_the_model_keeps_serving() {
+    let m = start(settings(BatchPolicyKind::Adaptive, 8, 1), Duration::ZERO);
+    let x = request(1, 1, 4);
+    let (y, _) = infer(&m.batcher, x.clone()).await.expect("a first request");
+    assert_doubled(&x, &y, "before the panic");
+    let bad = Tensor::new("x", vec![1, 2], TensorData::F32(vec![PANIC, 1.0])).unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(5), infer(&m.batcher, bad)).await;
+    assert!(
+        matches!(&answer, Ok(Err(e)) if e.to_string().contains("panicked")),
+        "the panicking request gets the panic as its error, at once: {answer:?}"
+    );
+    for id in 2..6 {
+        let x = request(id, 1, 4);
+        let (y, _) = tokio::time::timeout(Duration::from_secs(5), infer(&m.batcher, x.clone()))
+            .await
+            .expect("answered after the panic (not stuck)")
+            .expect("a request after the panic");
+        assert_doubled(&x, &y, "after the panic");
+    }
+}
