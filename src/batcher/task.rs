@@ -1,7 +1,8 @@
 //! The batching task: one tokio task per model that owns the queue
 //! [`State`], asks [`decide`] what to do, forms batches, and hands each to
-//! the pool on a task of its own. It exits once every [`Batcher`] handle is
-//! gone and the queue has drained (every accepted request answered).
+//! the pool (on a task of its own unless the batch ran inline at once). It
+//! exits once every [`Batcher`] handle is gone and the queue has drained
+//! (every accepted request answered).
 //!
 //! [`Batcher`]: super::Batcher
 
@@ -223,7 +224,8 @@ fn leave_queue(shared: &Shared, entry: &Entry) {
     }
 }
 
-/// Records the batch and runs it on a task of its own.
+/// Records the batch and runs it: at once when it finishes at its first
+/// poll (an inline run), else on a task of its own.
 fn dispatch(shared: &Arc<Shared>, mut batch: Vec<Entry>, trigger: Trigger) {
     let now = Instant::now();
     let rows: usize = batch.iter().map(|e| e.rows).sum();
