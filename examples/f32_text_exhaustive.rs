@@ -4,8 +4,9 @@
 //! `Display` of the f32, read back as an f64, written by serde_json.
 //!
 //! `cargo run --release --example f32_text_exhaustive [THREADS] [FROM TO]`
-//! (bit patterns, hex or decimal; default all 2^32, 2 threads: about 10
-//! minutes on the 2-core machine). Prints mismatches; exits 1 on any.
+//! (bit patterns, hex or decimal; default all 2^32 on 2 threads; one thread
+//! took 35 minutes of CPU on the 2-core machine and found no mismatch).
+//! Prints mismatches; exits 1 on any.
 #[allow(dead_code)]
 #[path = "../src/protocol/json_f32.rs"]
 mod json_f32;
