@@ -60,9 +60,12 @@ pub(super) struct Shared {
 }
 
 impl Shared {
-    /// The finished batches' run times since the last call.
-    fn take_finished(&self) -> Vec<Duration> {
-        std::mem::take(&mut *self.finished.lock().unwrap_or_else(|e| e.into_inner()))
+    /// Hands `each` the finished batches' run times since the last call
+    /// (drained in place: the list keeps its buffer, so a finished batch
+    /// does not allocate).
+    fn take_finished(&self, mut each: impl FnMut(Duration)) {
+        let mut finished = self.finished.lock().unwrap_or_else(|e| e.into_inner());
+        finished.drain(..).for_each(&mut each);
     }
 }
 
@@ -100,10 +103,10 @@ pub(super) async fn batching_task(
     // arriving request goes there instead.
     let mut successor: Option<Batcher> = None;
     loop {
-        for took in shared.take_finished() {
+        shared.take_finished(|took| {
             in_flight -= 1;
             state.record_run(took);
-        }
+        });
         let now = Instant::now();
         for (entry, why) in state.remove_dead(now) {
             leave_queue(&shared, &entry);
@@ -252,16 +255,15 @@ fn dispatch(shared: &Arc<Shared>, mut batch: Vec<Entry>, trigger: Trigger) {
         // Ends the entry's `queue` span: its batch has formed.
         e.queue_span = tracing::Span::none();
     }
-    let model = shared.model.clone();
-    let shared = shared.clone();
+    // Reports the batch done however it ends: answered, panicked, or
+    // dropped at shutdown (a panic used to leave it counted in flight).
+    let done = Done {
+        shared: shared.clone(),
+        took: Duration::ZERO,
+    };
     let mut run = Box::pin(async move {
-        // Reports the batch done however it ends: answered, panicked, or
-        // dropped at shutdown (a panic used to leave it counted in flight).
-        let mut done = Done {
-            shared: shared.clone(),
-            took: Duration::ZERO,
-        };
-        done.took = run_batch(&shared, batch).await;
+        let mut done = done;
+        done.took = run_batch(&done.shared, batch).await;
     });
     // A fast model's small batch often runs inline and is done at its first
     // poll: then no task is spawned for it (spread over 100 models, one
@@ -276,7 +278,7 @@ fn dispatch(shared: &Arc<Shared>, mut batch: Vec<Entry>, trigger: Trigger) {
         Ok(None) => {
             tokio::spawn(run);
         }
-        Err(_) => tracing::error!(model = %model, "a batch panicked; its requests fail"),
+        Err(_) => tracing::error!(model = %shared.model, "a batch panicked; its requests fail"),
     }
 }
 

@@ -368,8 +368,9 @@ fn session_loop(session: &SharedSession, rx: crossbeam_channel::Receiver<Job>, r
                 run_job(own, Some(session), runs);
             } else if let Some(handed) = handoff::take() {
                 // Another model's run must not take this model's thread
-                // down: a panic there drops that job (its caller sees the
-                // sessions closed) and this thread goes on.
+                // down. A session's panic is already the batch's error
+                // (`run_checked`); any other panic drops that job (its
+                // caller sees the sessions closed) and this thread goes on.
                 let ran =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(handed, None, runs)));
                 if ran.is_err() {
