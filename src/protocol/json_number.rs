@@ -18,7 +18,7 @@ const POW10: [f64; 23] = [
 ];
 
 /// 10^0 ..= 10^-22, each the f64 nearest it (within half an ulp).
-const NEG_POW10: [f64; 23] = [
+pub(super) const NEG_POW10: [f64; 23] = [
     1e0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10, 1e-11, 1e-12, 1e-13, 1e-14, 1e-15,
     1e-16, 1e-17, 1e-18, 1e-19, 1e-20, 1e-21, 1e-22,
 ];

@@ -26,6 +26,8 @@ use super::v2::parse_shape;
 use super::InferRequest;
 use crate::tensor::{DataType, Tensor, TensorData};
 
+mod f32_run;
+
 /// Deepest nesting of `data` arrays read here; deeper goes to serde_json
 /// (whose own limit is 128).
 const MAX_DEPTH: usize = 32;
@@ -112,15 +114,15 @@ fn output(r: &mut Reader<'_>) -> Option<String> {
 fn elements(r: &mut Reader<'_>, dtype: DataType, count: usize) -> Option<TensorData> {
     macro_rules! ints {
         ($variant:ident) => {
-            TensorData::$variant(r.leaves(count, |b| {
+            TensorData::$variant(r.leaves(count, no_run, |b| {
                 let d = number(b)?;
                 Some((d.to_i64()?.try_into().ok()?, d.len))
             })?)
         };
     }
     let data = match dtype {
-        DataType::F32 => TensorData::F32(r.leaves(count, |b| float(b, Decimal::to_f32))?),
-        DataType::F64 => TensorData::F64(r.leaves(count, |b| float(b, Decimal::to_f64))?),
+        DataType::F32 => TensorData::F32(r.leaves(count, f32_run::run, |b| float(b, Decimal::to_f32))?),
+        DataType::F64 => TensorData::F64(r.leaves(count, no_run, |b| float(b, Decimal::to_f64))?),
         DataType::I64 => ints!(I64),
         DataType::I32 => ints!(I32),
         DataType::I16 => ints!(I16),
@@ -132,6 +134,12 @@ fn elements(r: &mut Reader<'_>, dtype: DataType, count: usize) -> Option<TensorD
         DataType::F16 | DataType::Bf16 | DataType::Bool | DataType::Bytes => return None,
     };
     (data.len() == count).then_some(data)
+}
+
+/// The `run` of [`Reader::leaves`] for the element types that have none.
+#[inline(always)]
+fn no_run<T>(_: &[u8], _: &mut Vec<T>, _: usize) -> usize {
+    0
 }
 
 /// The JSON number at the front of `b` when [`json_number::scan`] reads it
@@ -317,9 +325,17 @@ impl<'a> Reader<'a> {
 
     /// The leaves of a (flat or nested) array of numbers, in row-major
     /// order: at most `count` of them, each read by `leaf` from the bytes at
-    /// its start, which gives the element and the token's length.
+    /// its start, which gives the element and the token's length. Where an
+    /// element starts, `run` may first read a run of elements and their
+    /// commas in bulk (given the bytes, the vector and the room left in
+    /// it; it returns the bytes it read, 0 to leave the element to `leaf`).
     #[inline(always)]
-    fn leaves<T>(&mut self, count: usize, leaf: impl Fn(&[u8]) -> Option<(T, usize)>) -> Option<Vec<T>> {
+    fn leaves<T>(
+        &mut self,
+        count: usize,
+        run: impl Fn(&[u8], &mut Vec<T>, usize) -> usize,
+        leaf: impl Fn(&[u8]) -> Option<(T, usize)>,
+    ) -> Option<Vec<T>> {
         if !self.eat(b'[') {
             return None;
         }
@@ -345,6 +361,14 @@ impl<'a> Reader<'a> {
                 }
                 b']' if after_open => {}
                 _ => {
+                    let room = count - out.len();
+                    let read = run(&b[i..], &mut out, room);
+                    if read > 0 {
+                        // Just after a comma: a value must follow.
+                        i += read;
+                        after_open = false;
+                        continue;
+                    }
                     let (x, len) = leaf(&b[i..])?;
                     if out.len() == count {
                         return None;
