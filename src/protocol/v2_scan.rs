@@ -28,6 +28,12 @@ use crate::tensor::{DataType, Tensor, TensorData};
 
 mod f32_run;
 
+/// Elements read one by one after `run` (see [`Reader::leaves`]) stopped,
+/// before it is tried again: a 784-float body of exponent forms
+/// (`-8.5e-1`), which `run` never reads, took 20 % longer to decode than
+/// without `run` when it was tried at every element, 5 % with this.
+const RUN_REST: usize = 16;
+
 /// Deepest nesting of `data` arrays read here; deeper goes to serde_json
 /// (whose own limit is 128).
 const MAX_DEPTH: usize = 32;
@@ -347,6 +353,8 @@ impl<'a> Reader<'a> {
         let mut depth = 1usize;
         // After `[`: a value or `]`; after `,`: a value; after a value: `,` or `]`.
         let mut after_open = true;
+        // Elements left to `leaf` before `run` is tried again.
+        let mut rest = 0;
         loop {
             i = after_ws(b, i);
             match *b.get(i)? {
@@ -361,14 +369,21 @@ impl<'a> Reader<'a> {
                 }
                 b']' if after_open => {}
                 _ => {
-                    let room = count - out.len();
-                    let read = run(&b[i..], &mut out, room);
-                    if read > 0 {
-                        // Just after a comma: a value must follow.
-                        i += read;
-                        after_open = false;
-                        continue;
+                    if rest == 0 {
+                        let room = count - out.len();
+                        let read = run(&b[i..], &mut out, room);
+                        if read > 0 {
+                            // Just after a comma: a value must follow.
+                            i += read;
+                            after_open = false;
+                            continue;
+                        }
+                        // It stopped at this element: `leaf` reads the next
+                        // few (an array of forms `run` does not read, such as
+                        // exponents, must not pay for trying each of them).
+                        rest = RUN_REST;
                     }
+                    rest -= 1;
                     let (x, len) = leaf(&b[i..])?;
                     if out.len() == count {
                         return None;
