@@ -190,7 +190,10 @@ mod x86 {
             let n = a + frac;
             let (kept, y) = match frac {
                 0 => (n, d0),
-                _ => (n.min(15), _mm_shuffle_epi8(d0, _mm_loadu_si128(DROP[a].as_ptr().cast()))),
+                _ => (
+                    n.min(15),
+                    _mm_shuffle_epi8(d0, _mm_loadu_si128(DROP[a].as_ptr().cast())),
+                ),
             };
             let y = _mm_and_si128(y, _mm_cmpgt_epi8(_mm_set1_epi8(kept as i8), lanes));
             // 16 digit lanes → 8 pairs → 4 groups of four → 2 of eight.
