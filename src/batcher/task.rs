@@ -60,12 +60,17 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// The finished batches' run times (a panic while it was held leaves
+    /// the list as usable as before).
+    fn finished(&self) -> std::sync::MutexGuard<'_, Vec<Duration>> {
+        self.finished.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Hands `each` the finished batches' run times since the last call
     /// (drained in place: the list keeps its buffer, so a finished batch
     /// does not allocate).
     fn take_finished(&self, mut each: impl FnMut(Duration)) {
-        let mut finished = self.finished.lock().unwrap_or_else(|e| e.into_inner());
-        finished.drain(..).for_each(&mut each);
+        self.finished().drain(..).for_each(&mut each);
     }
 }
 
@@ -74,11 +79,7 @@ impl Shared {
 /// it clears `idle`: either this sees `idle` cleared, or the batching task
 /// sees this run time in `finished`.
 fn batch_done(shared: &Shared, took: Duration) {
-    shared
-        .finished
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(took);
+    shared.finished().push(took);
     fence(Ordering::SeqCst);
     if !shared.idle.load(Ordering::Relaxed) {
         shared.finish_wake.notify_one();
@@ -162,13 +163,7 @@ pub(super) async fn batching_task(
         let idle = open && !draining && state.is_empty();
         shared.idle.store(idle, Ordering::Relaxed);
         fence(Ordering::SeqCst);
-        if !idle
-            && !shared
-                .finished
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_empty()
-        {
+        if !idle && !shared.finished().is_empty() {
             // A batch finished after `take_finished` and did not wake us.
             continue;
         }

@@ -1,4 +1,4 @@
-//! Runs of FP32 array elements read sixteen bytes at a time: the `data` of
+//! Runs of FP32 array elements read 32 bytes at a time: the `data` of
 //! a usual V2 JSON body is hundreds of plain decimals such as
 //! `0.4523795545101166,` (what clients write for an f32 printed as an
 //! f64), and reading them digit by digit was the largest cost of the
@@ -24,7 +24,7 @@
 //!
 //! Where the run stops (another token form, an exponent, whitespace other
 //! than one space after the comma, the last element, the end of the body
-//! within 40 bytes), the caller reads the element the usual way; so every
+//! within 128 bytes), the caller reads the element the usual way; so every
 //! element gets the same f32, correctly rounded, and every body the same
 //! answer or refusal as without this module. Other CPUs read every
 //! element the usual way.
@@ -46,11 +46,6 @@ pub(super) fn run(b: &[u8], out: &mut Vec<f32>, room: usize) -> usize {
     let _ = (b, out, room);
     0
 }
-
-/// [`json_number::NEG_POW10`](crate::protocol::json_number) in memory: read
-/// by index from a `const`, the compiler copied the whole table to the
-/// stack for each element (8.2 → 10.4 µs for the bench's body).
-static NEG_POW10: [f64; 23] = crate::protocol::json_number::NEG_POW10;
 
 /// The f32 nearest `m × 10^(a − 16)`, `a` in 1..=15, `m` < 10^16, from one
 /// f64 multiplication; `truncated` when nonzero digits may follow those of
@@ -74,7 +69,7 @@ fn to_f32(m: u64, a: usize, truncated: bool) -> Option<f32> {
     // Exact but for three roundings of half an ulp: m (above 2^53 only just),
     // 10^-k, and the product. The value is at least 10^-14 and below 10^15:
     // an f32 normal, so rounding to f32 drops the f64's 29 low bits.
-    let r = (m as i64) as f64 * NEG_POW10[16 - a];
+    let r = (m as i64) as f64 * crate::protocol::json_number::NEG_POW10[16 - a];
     const HALF: i64 = 1 << 28;
     let low = (r.to_bits() & ((1 << 29) - 1)) as i64;
     if (low - HALF).abs() <= margin {
@@ -88,8 +83,9 @@ mod x86 {
     use std::arch::x86_64::*;
 
     /// Shuffles that drop byte `a` (the dot) of 16: lanes before it stay,
-    /// later ones move down one, and the last lane becomes zero.
-    const DROP: [[u8; 16]; 16] = {
+    /// later ones move down one, and the last lane becomes zero. A `static`:
+    /// a `const` table read by index may be copied to the stack at each use.
+    static DROP: [[u8; 16]; 16] = {
         let mut t = [[0u8; 16]; 16];
         let mut a = 0;
         while a < 16 {
@@ -178,13 +174,17 @@ mod x86 {
             }
             let (end, frac) = if *b.get_unchecked(s + a) == b'.' {
                 let frac = (!(digits >> (a + 1))).trailing_zeros() as usize;
+                // "1." is no JSON number.
+                if frac == 0 {
+                    break;
+                }
                 (a + 1 + frac, frac)
             } else {
                 (a, 0)
             };
-            // The element is exactly the bytes up to the comma ("1.," and
-            // "1 ," end before it).
-            if s + end != comma || (frac == 0 && end != a) {
+            // The element is exactly the bytes up to the comma ("1 ," ends
+            // before it).
+            if s + end != comma {
                 break;
             }
             let n = a + frac;
