@@ -198,7 +198,7 @@ fn response(req: InferRequest, model: &str, sig: &Signature) -> InferResponse {
         t.name = name;
     }
     InferResponse {
-        model_name: model.to_string(),
+        model_name: model.into(),
         model_version: Some("1".into()),
         id: req.id,
         outputs,

@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 pub use padding::Padding;
 pub use policy::{decide, Capacity, Decision, Trigger};
-pub use queue::{Entry, Limits, State};
+pub use queue::{Entry, EntryResult, Limits, State};
 
 use crate::batcher::stats::ModelStats;
 use crate::error::{Error, Result};
@@ -112,6 +112,11 @@ impl Batcher {
         }
     }
 
+    /// The model's name (shared: every answer carries a clone).
+    pub fn model(&self) -> &Arc<str> {
+        &self.inner.model
+    }
+
     /// The model's cumulative statistics (Triton's statistics extension).
     pub fn stats(&self) -> &ModelStats {
         &self.inner.stats
@@ -171,14 +176,15 @@ impl Batcher {
     }
 
     /// Queues validated inputs (signature order) and waits for the outputs
-    /// named in `outputs` and the id of the batch they ran in. The deadline
-    /// (`timeout`) counts from `arrival`.
+    /// named in `outputs` (`None`: every output, in signature order) and the
+    /// id of the batch they ran in. The deadline (`timeout`) counts from
+    /// `arrival`.
     pub async fn submit(
         &self,
         inputs: Vec<Tensor>,
-        outputs: &[String],
+        outputs: Option<&[String]>,
         arrival: Instant,
-    ) -> Result<(Vec<Tensor>, String)> {
+    ) -> Result<(Vec<Tensor>, Arc<str>)> {
         let settings = self.settings();
         let model = &self.inner.model;
         // Admission: count the request before it is queued.
@@ -234,7 +240,12 @@ impl Batcher {
                 })
             }
         };
-        Ok((self.pick(all, outputs), batch_id))
+        let picked = match outputs {
+            // A batch computes every output, in signature order.
+            None => all,
+            Some(names) => self.pick(all, names),
+        };
+        Ok((picked, batch_id))
     }
 
     /// Queues `inputs` in chunks of at most `chunk` rows, at most
@@ -250,47 +261,32 @@ impl Batcher {
         (arrival, deadline): (Instant, Instant),
         padded: Option<(Vec<Vec<usize>>, Vec<usize>)>,
         slot: &mut Slot<'_>,
-    ) -> Result<(Vec<Tensor>, String)> {
+    ) -> Result<(Vec<Tensor>, Arc<str>)> {
         let n_chunks = rows.div_ceil(chunk).max(1);
-        let not_ready = || Error::ModelNotReady {
-            name: self.inner.model.to_string(),
-            reason: "unloading".into(),
-        };
-        // The common case, one chunk, moves the inputs instead of copying them.
+        if n_chunks == 1 {
+            // The common case: the inputs are moved, not copied, and nothing is joined.
+            let rx = self.queue_chunk(inputs, true, (arrival, deadline), padded, slot)?;
+            return rx.await.map_err(|_| self.unloading())?;
+        }
+        // Freed once the last chunk is cut.
         let mut whole = Some(inputs);
         let mut in_flight = std::collections::VecDeque::new();
-        let mut joined: Option<(Vec<Tensor>, String)> = None;
+        let mut joined: Option<(Vec<Tensor>, Arc<str>)> = None;
         let mut next = 0;
         while next < n_chunks || !in_flight.is_empty() {
             while next < n_chunks && in_flight.len() < CHUNKS_IN_FLIGHT {
-                let part: Vec<Tensor> = if n_chunks == 1 {
-                    whole.take().expect("one chunk")
-                } else {
-                    let (start, end) = (next * chunk, ((next + 1) * chunk).min(rows));
-                    let inputs = whole.as_ref().expect("inputs kept while chunking");
-                    inputs.iter().map(|t| t.slice_rows(start..end)).collect()
-                };
+                let (start, end) = (next * chunk, ((next + 1) * chunk).min(rows));
+                let inputs = whole.as_ref().expect("inputs kept while chunking");
+                let part = inputs.iter().map(|t| t.slice_rows(start..end)).collect();
                 next += 1;
-                let (tx, rx) = oneshot::channel();
-                let mut entry = Entry::new(part, arrival, deadline, tx);
-                if let Some((key, lengths)) = &padded {
-                    entry = entry.padded(key.clone(), lengths.clone());
-                }
-                entry.releases_slot = next == n_chunks;
-                (entry.span, entry.queue_span) = crate::telemetry::enqueued();
-                // Only fails if the task died; the guard then releases the slot.
-                self.inner
-                    .entries
-                    .send(Msg::Entry(entry))
-                    .map_err(|_| not_ready())?;
-                slot.held &= next != n_chunks;
-                in_flight.push_back(rx);
+                let times = (arrival, deadline);
+                in_flight.push_back(self.queue_chunk(part, next == n_chunks, times, padded.clone(), slot)?);
             }
             if next == n_chunks {
                 whole = None;
             }
             let rx = in_flight.pop_front().expect("a chunk in flight");
-            let (part, id) = rx.await.map_err(|_| not_ready())??;
+            let (part, id) = rx.await.map_err(|_| self.unloading())??;
             match &mut joined {
                 None => joined = Some((part, id)),
                 Some((all, last_id)) => {
@@ -301,8 +297,41 @@ impl Batcher {
                 }
             }
         }
-        drop(whole);
         Ok(joined.expect("at least one chunk"))
+    }
+
+    /// Queues one chunk of a request; `last`: the request's last chunk,
+    /// which takes over its admission slot. Its answer comes on the receiver.
+    fn queue_chunk(
+        &self,
+        part: Vec<Tensor>,
+        last: bool,
+        (arrival, deadline): (Instant, Instant),
+        padded: Option<(Vec<Vec<usize>>, Vec<usize>)>,
+        slot: &mut Slot<'_>,
+    ) -> Result<oneshot::Receiver<EntryResult>> {
+        let (tx, rx) = oneshot::channel();
+        let mut entry = Entry::new(part, arrival, deadline, tx);
+        if let Some((key, lengths)) = padded {
+            entry = entry.padded(key, lengths);
+        }
+        entry.releases_slot = last;
+        (entry.span, entry.queue_span) = crate::telemetry::enqueued();
+        // Only fails if the task died; the guard then releases the slot.
+        self.inner
+            .entries
+            .send(Msg::Entry(entry))
+            .map_err(|_| self.unloading())?;
+        slot.held &= !last;
+        Ok(rx)
+    }
+
+    /// Why a request cannot be queued: the batching task is gone.
+    fn unloading(&self) -> Error {
+        Error::ModelNotReady {
+            name: self.inner.model.to_string(),
+            reason: "unloading".into(),
+        }
     }
 
     /// The outputs named in `outputs`, in that order, from all of them.

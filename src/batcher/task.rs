@@ -74,6 +74,11 @@ impl Shared {
     }
 }
 
+/// A new batch's id: 16 hex digits, shared by every answer of the batch.
+fn next_batch_id() -> Arc<str> {
+    format!("{:016x}", NEXT_BATCH.fetch_add(1, Ordering::Relaxed)).into()
+}
+
 /// A batch task's last step: records the run time and wakes the batching
 /// task unless it is `idle`. The fence pairs with the batching task's after
 /// it clears `idle`: either this sees `idle` cleared, or the batching task
@@ -293,7 +298,7 @@ impl Drop for Done {
 /// fails inside ONNX Runtime is retried entry by entry, so that one bad
 /// request fails alone. Returns the session's run time (zero if it failed).
 async fn run_batch(shared: &Shared, mut batch: Vec<Entry>) -> Duration {
-    let batch_id = format!("{:016x}", NEXT_BATCH.fetch_add(1, Ordering::Relaxed));
+    let batch_id = next_batch_id();
     // Ends when this function returns: every entry has been answered.
     let span = telemetry::batch_span(&shared.model, &batch_id, batch.iter().map(|e| (&e.span, e.rows)));
     let result = run(shared, &mut batch).instrument(span.clone()).await;
@@ -332,7 +337,7 @@ async fn run_batch(shared: &Shared, mut batch: Vec<Entry>) -> Duration {
         Err(err) if batch.len() > 1 && matches!(err, Error::Runtime { .. } | Error::InvalidInput(_)) => {
             tracing::warn!(model = %shared.model, requests = batch.len(), error = %err, "batch failed; retrying its requests one by one");
             for mut e in batch {
-                let id = format!("{:016x}", NEXT_BATCH.fetch_add(1, Ordering::Relaxed));
+                let id = next_batch_id();
                 let r = run(shared, std::slice::from_mut(&mut e)).await.map(|ran| {
                     shared.stats.executed(1, e.rows, ran.times);
                     (ran.outputs, id)

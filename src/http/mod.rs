@@ -321,18 +321,41 @@ pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> R
 
 /// The request body read as axum's `Bytes` extractor reads it under
 /// `DefaultBodyLimit` (for the route that skips the router), with
-/// [`body_bytes`]'s errors.
+/// [`body_bytes`]'s errors. A body that arrives in one frame (the usual
+/// small request) is handed on as it is, neither copied nor listed.
 async fn read_body(body: axum::body::Body, limit: usize) -> Result<Bytes, ApiError> {
     use http_body_util::BodyExt;
-    match http_body_util::Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) => {
-            let too_large = find_source::<http_body_util::LengthLimitError>(&*e).is_some();
-            Err(body_error(&*e, too_large, limit, || {
-                format!("Failed to buffer the request body: {e}")
-            }))
+    let failed = |e: axum::BoxError| {
+        let too_large = find_source::<http_body_util::LengthLimitError>(&*e).is_some();
+        body_error(&*e, too_large, limit, || {
+            format!("Failed to buffer the request body: {e}")
+        })
+    };
+    let mut body = std::pin::pin!(http_body_util::Limited::new(body, limit));
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<bytes::BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        // Trailers are not part of the body (as in `Collected::to_bytes`).
+        let Ok(data) = frame.map_err(failed)?.into_data() else {
+            continue;
+        };
+        match (&mut joined, first.take()) {
+            (Some(all), _) => all.extend_from_slice(&data),
+            (None, None) => first = Some(data),
+            (None, Some(head)) => {
+                // The rest of the body, where its length is known.
+                let rest = usize::try_from(http_body::Body::size_hint(&*body).lower()).unwrap_or(0);
+                let mut all = bytes::BytesMut::with_capacity(head.len() + data.len() + rest.min(limit));
+                all.extend_from_slice(&head);
+                all.extend_from_slice(&data);
+                joined = Some(all);
+            }
         }
     }
+    Ok(match joined {
+        Some(all) => all.freeze(),
+        None => first.unwrap_or_default(),
+    })
 }
 
 /// Why a body could not be read: 408 when it was too slow, 413 when it was
@@ -397,4 +420,38 @@ pub(crate) async fn decode_body<T: Send + 'static>(
 /// Parses a JSON body, naming where it is invalid.
 pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| ApiError(Error::invalid(format!("invalid JSON body: {e}"))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body that arrives in `parts`, one frame each.
+    fn body_of(parts: &[&'static [u8]]) -> axum::body::Body {
+        let frames = parts
+            .iter()
+            .map(|p| Ok::<_, std::io::Error>(Bytes::from_static(p)));
+        axum::body::Body::from_stream(futures_util::stream::iter(frames.collect::<Vec<_>>()))
+    }
+
+    #[tokio::test]
+    async fn a_body_is_read_whole_from_one_frame_or_several() {
+        assert_eq!(read_body(body_of(&[]), 100).await.unwrap(), Bytes::new());
+        assert_eq!(read_body(body_of(&[b"abc"]), 100).await.unwrap(), &b"abc"[..]);
+        let three = read_body(body_of(&[b"ab", b"", b"cde", b"f"]), 100)
+            .await
+            .unwrap();
+        assert_eq!(three, &b"abcdef"[..]);
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_413_whether_in_one_frame_or_several() {
+        for parts in [&[&b"0123456789"[..]][..], &[b"01234", b"56789"]] {
+            let e = read_body(body_of(parts), 8).await.unwrap_err();
+            assert_eq!(
+                axum::response::IntoResponse::into_response(e).status(),
+                StatusCode::PAYLOAD_TOO_LARGE
+            );
+        }
+    }
 }

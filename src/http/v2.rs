@@ -146,7 +146,11 @@ async fn answer_infer(
 /// binary data with its header length.
 fn infer_response(enc: EncodedResponse) -> Response {
     let Some(n) = enc.header_length else {
-        return ([(header::CONTENT_TYPE, "application/json")], enc.body).into_response();
+        return (
+            [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+            enc.body,
+        )
+            .into_response();
     };
     (
         [

@@ -114,13 +114,12 @@ impl ModelHandle {
                 self.name
             )));
         }
-        let outputs: Vec<String> = match &req.outputs {
-            Some(names) => names.clone(),
-            None => self.signature.outputs.iter().map(|o| o.name.clone()).collect(),
-        };
-        let (tensors, batch_id) = self.batcher.submit(req.inputs, &outputs, arrival).await?;
+        let (tensors, batch_id) = self
+            .batcher
+            .submit(req.inputs, req.outputs.as_deref(), arrival)
+            .await?;
         Ok(InferResponse {
-            model_name: self.name.clone(),
+            model_name: self.batcher.model().clone(),
             model_version: self.settings.version.clone(),
             id: req.id,
             outputs: tensors,

@@ -152,7 +152,7 @@ impl From<&InferResponse> for ModelInferResponse {
             raw.push(Bytes::from(binary::encode(&t.data)));
         }
         ModelInferResponse {
-            model_name: resp.model_name.clone(),
+            model_name: resp.model_name.to_string(),
             model_version: resp.model_version.clone().unwrap_or_default(),
             id: resp.id.clone().unwrap_or_default(),
             parameters: HashMap::new(),

@@ -24,7 +24,7 @@ pub(crate) use json::{element_to_json, parse_elements, JsonElements};
 pub(crate) use json_f32::to_writer as json_to_writer;
 
 use crate::error::Error;
-use crate::tensor::{DataType, Signature, Tensor};
+use crate::tensor::{DataType, Signature, Tensor, TensorSpec};
 
 /// A decoded inference request, independent of protocol.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,14 +40,15 @@ pub struct InferRequest {
 /// The answer to one [`InferRequest`], independent of protocol.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InferResponse {
-    pub model_name: String,
+    /// Shared with the model's batcher: a clone per answer, no copy.
+    pub model_name: std::sync::Arc<str>,
     pub model_version: Option<String>,
     /// The request's id, echoed.
     pub id: Option<String>,
     /// This request's rows of each output.
     pub outputs: Vec<Tensor>,
     /// Id of the batch this request ran in (shared by every request of that batch).
-    pub batch_id: String,
+    pub batch_id: std::sync::Arc<str>,
 }
 
 impl InferRequest {
@@ -90,38 +91,34 @@ pub fn validate(req: &mut InferRequest, model: &str, sig: &Signature) -> Result<
             )));
         }
     }
-    let mut ordered = Vec::with_capacity(sig.inputs.len());
-    for spec in &sig.inputs {
-        let Some(pos) = req.inputs.iter().position(|t| t.name == spec.name) else {
-            return Err(Error::invalid(format!(
-                "model `{model}`: missing input `{}`; its inputs are {}",
-                spec.name,
-                expected_inputs()
-            )));
-        };
-        let t = req.inputs.swap_remove(pos);
-        if t.dtype() != spec.dtype {
-            return Err(Error::invalid(format!(
-                "input `{}`: expected datatype {}, got {}",
-                t.name,
-                spec.dtype,
-                t.dtype()
-            )));
+    // The usual request names every input in signature order: checked in
+    // place; otherwise the inputs are put in signature order.
+    let in_order = req.inputs.len() == sig.inputs.len()
+        && req
+            .inputs
+            .iter()
+            .zip(&sig.inputs)
+            .all(|(t, spec)| t.name == spec.name);
+    if in_order {
+        for (t, spec) in req.inputs.iter().zip(&sig.inputs) {
+            check_input(t, spec)?;
         }
-        let dims_ok = t.shape.len() == spec.shape.len()
-            && t.shape
-                .iter()
-                .zip(&spec.shape)
-                .all(|(&got, &want)| want < 0 || i64::try_from(got) == Ok(want));
-        if !dims_ok {
-            return Err(Error::invalid(format!(
-                "input `{}`: expected shape {:?}, got {:?}",
-                t.name, spec.shape, t.shape
-            )));
+    } else {
+        let mut ordered = Vec::with_capacity(sig.inputs.len());
+        for spec in &sig.inputs {
+            let Some(pos) = req.inputs.iter().position(|t| t.name == spec.name) else {
+                return Err(Error::invalid(format!(
+                    "model `{model}`: missing input `{}`; its inputs are {}",
+                    spec.name,
+                    expected_inputs()
+                )));
+            };
+            let t = req.inputs.swap_remove(pos);
+            check_input(&t, spec)?;
+            ordered.push(t);
         }
-        ordered.push(t);
+        req.inputs = ordered;
     }
-    req.inputs = ordered;
 
     let batched = sig.inputs.iter().all(|s| s.shape.first() == Some(&-1));
     if let (true, Some(first)) = (batched, req.inputs.first()) {
@@ -153,6 +150,30 @@ pub fn validate(req: &mut InferRequest, model: &str, sig: &Signature) -> Result<
                 )));
             }
         }
+    }
+    Ok(())
+}
+
+/// An input's datatype and shape against its signature entry.
+fn check_input(t: &Tensor, spec: &TensorSpec) -> Result<(), Error> {
+    if t.dtype() != spec.dtype {
+        return Err(Error::invalid(format!(
+            "input `{}`: expected datatype {}, got {}",
+            t.name,
+            spec.dtype,
+            t.dtype()
+        )));
+    }
+    let dims_ok = t.shape.len() == spec.shape.len()
+        && t.shape
+            .iter()
+            .zip(&spec.shape)
+            .all(|(&got, &want)| want < 0 || i64::try_from(got) == Ok(want));
+    if !dims_ok {
+        return Err(Error::invalid(format!(
+            "input `{}`: expected shape {:?}, got {:?}",
+            t.name, spec.shape, t.shape
+        )));
     }
     Ok(())
 }

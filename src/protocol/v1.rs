@@ -190,7 +190,7 @@ pub fn encode(resp: &InferResponse) -> PredictResponse {
     };
     PredictResponse {
         predictions,
-        batch_id: resp.batch_id.clone(),
+        batch_id: resp.batch_id.to_string(),
     }
 }
 

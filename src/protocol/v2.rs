@@ -295,7 +295,7 @@ impl From<&InferResponse> for InferenceResponse {
             })
             .collect();
         InferenceResponse {
-            model_name: resp.model_name.clone(),
+            model_name: resp.model_name.to_string(),
             model_version: resp.model_version.clone(),
             id: resp.id.clone(),
             parameters: None,

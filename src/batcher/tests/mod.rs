@@ -175,9 +175,11 @@ fn request(id: usize, rows: usize, width: usize) -> Tensor {
 
 /// Submits `x` now and returns `y` and the batch id.
 async fn infer(b: &Batcher, x: Tensor) -> Result<(Tensor, String), Error> {
-    let (mut out, id) = b.submit(vec![x], &["y".to_string()], Instant::now()).await?;
+    let (mut out, id) = b
+        .submit(vec![x], Some(&["y".to_string()]), Instant::now())
+        .await?;
     assert_eq!(out.len(), 1, "one output asked for");
-    Ok((out.pop().unwrap(), id))
+    Ok((out.pop().unwrap(), id.to_string()))
 }
 
 /// `y` must be exactly `2x`, same shape.
