@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 
+use super::repoll::Running;
 use crate::config::HttpLimits;
 
 /// What a connection is doing while no request of it is running.
@@ -61,10 +62,13 @@ pub(super) struct ConnState {
     /// Wakes the connection's task on an eviction, and on phase changes
     /// while `watched`; the task is the only waiter.
     changed: Notify,
+    /// Requests running on the whole port, this connection's among them
+    /// (shared by every connection, read by `repoll`).
+    running: Running,
 }
 
 impl ConnState {
-    fn new() -> ConnState {
+    fn new(running: Running) -> ConnState {
         ConnState {
             accepted: Instant::now(),
             active: AtomicUsize::new(0),
@@ -74,6 +78,7 @@ impl ConnState {
             evict: AtomicBool::new(false),
             watched: AtomicBool::new(false),
             changed: Notify::new(),
+            running,
         }
     }
 
@@ -126,6 +131,7 @@ impl ConnState {
 
     /// The router got a request of this connection.
     pub(super) fn begin_request(&self) {
+        self.running.begin();
         self.active.fetch_add(1, Ordering::AcqRel);
         self.phase.store(Phase::Busy as u8, Ordering::Release);
         self.phase_changed();
@@ -133,9 +139,15 @@ impl ConnState {
 
     /// A request's answer was handed to hyper in full (or dropped).
     pub(super) fn end_request(&self) {
+        self.running.end();
         if self.active.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.set_phase(Phase::Idle, Instant::now());
         }
+    }
+
+    /// The requests running on the whole port.
+    pub(super) fn running(&self) -> &Running {
+        &self.running
     }
 
     /// No request of this connection is running.
@@ -233,6 +245,8 @@ pub(super) struct Connections {
     /// the accept loop waits on it to finish the drain.
     count: watch::Sender<usize>,
     next_id: AtomicU64,
+    /// Requests running on the port; each connection's state holds a clone.
+    running: Running,
 }
 
 /// A connection's slot: its permit and its entry; dropping it frees both.
@@ -260,6 +274,7 @@ impl Connections {
             open: Mutex::new(BTreeMap::new()),
             count: watch::Sender::new(0),
             next_id: AtomicU64::new(0),
+            running: Running::default(),
         })
     }
 
@@ -287,7 +302,7 @@ impl Connections {
                     .ok()?
             }
         };
-        let state = Arc::new(ConnState::new());
+        let state = Arc::new(ConnState::new(self.running.clone()));
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         open.insert(id, state.clone());
@@ -404,9 +419,23 @@ mod tests {
     }
 
     #[test]
+    fn every_connection_counts_its_requests_on_the_port() {
+        let running = Running::default();
+        let (a, b) = (ConnState::new(running.clone()), ConnState::new(running.clone()));
+        a.begin_request();
+        assert!(running.low(), "one request running");
+        b.begin_request();
+        assert!(!running.low(), "two requests running, on two connections");
+        a.end_request();
+        assert!(running.low());
+        b.end_request();
+        assert!(running.low());
+    }
+
+    #[test]
     fn phases_and_their_deadlines() {
         let l = limits();
-        let c = ConnState::new();
+        let c = ConnState::new(Running::default());
         assert_eq!(c.deadline(&l), Some(c.accepted + l.header_read_timeout));
         c.on_read(b"GET / HTTP/1.1\r\n", true);
         // The first request's headers are still timed from the accept.
@@ -430,7 +459,7 @@ mod tests {
     #[test]
     fn the_timer_looks_no_later_than_any_deadline() {
         let l = limits();
-        let c = ConnState::new();
+        let c = ConnState::new(Running::default());
         let soon = |now: Instant| now + l.header_read_timeout - Duration::from_millis(1);
         assert_eq!(
             c.next_check(&l, c.accepted),
@@ -466,7 +495,7 @@ mod tests {
 
     #[test]
     fn phase_changes_wake_nobody_until_watched() {
-        let c = ConnState::new();
+        let c = ConnState::new(Running::default());
         c.on_read(b"GET / HTTP/1.1\r\n", true);
         c.begin_request();
         c.end_request();
@@ -477,7 +506,7 @@ mod tests {
     #[test]
     fn http2_control_frames_between_requests_are_not_a_request() {
         let l = limits();
-        let c = ConnState::new();
+        let c = ConnState::new(Running::default());
         c.on_read(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", true);
         c.begin_request();
         c.end_request();
@@ -488,7 +517,7 @@ mod tests {
 
     #[test]
     fn the_drain_waits_for_headers_and_for_probes_first_request() {
-        let c = ConnState::new();
+        let c = ConnState::new(Running::default());
         assert!(c.may_finish(false));
         assert!(!c.may_finish(true));
         c.on_read(b"GET", true);

@@ -54,9 +54,6 @@ pub async fn serve(
     // Permits for the tasks that answer connections over the limit; each
     // such task holds one for at most a second.
     let refusing = Arc::new(Semaphore::new(REFUSING));
-    // Requests running on the port: counted by each request's guard, read by
-    // each connection's task (`repoll`).
-    let running = repoll::Running::default();
     let mut draining = false;
     loop {
         let accepted = tokio::select! {
@@ -84,14 +81,14 @@ pub async fn serve(
             continue;
         };
         let (routes, builder, limits, stop) = (routes.clone(), builder.clone(), limits.clone(), stop.clone());
-        let running_here = running.clone();
+        // Requests running on the port, counted by each connection's state.
+        let running = ticket.state.running().clone();
         let task = async move {
             let state = ticket.state.clone();
             let io = TokioIo::new(io::TrackedIo::new(stream, state.clone(), limits.max_header_bytes));
             let service = service::HttpService {
                 routes,
                 conn: state.clone(),
-                running: running_here,
                 body_read_timeout: limits.body_read_timeout,
             };
             {
@@ -102,7 +99,7 @@ pub async fn serve(
             // The socket is closed: its slot is free.
             drop(ticket);
         };
-        tokio::spawn(repoll::Repoll::new(task, running.clone()));
+        tokio::spawn(repoll::Repoll::new(task, running));
     }
 }
 

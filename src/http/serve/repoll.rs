@@ -31,8 +31,8 @@ const IN_PLACE_MAX: usize = 1;
 /// Most polls in place per poll of the task (hyper's own loop stops at 16).
 const MAX_AGAIN: usize = 16;
 
-/// Requests running on the HTTP port. Each request's guard holds a clone
-/// (`service::RequestGuard`), counting itself in on creation and out on drop;
+/// Requests running on the HTTP port. Every connection's state holds a
+/// clone (`conn::ConnState`) and counts each of its requests in and out;
 /// every [`Repoll`] of the port reads it.
 #[derive(Clone, Default)]
 pub(crate) struct Running(Arc<AtomicUsize>);
@@ -46,7 +46,7 @@ impl Running {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
 
-    fn low(&self) -> bool {
+    pub(super) fn low(&self) -> bool {
         self.0.load(Ordering::Relaxed) <= IN_PLACE_MAX
     }
 }
@@ -171,18 +171,22 @@ mod tests {
         (poll, count.0.load(Ordering::Relaxed))
     }
 
-    #[test]
-    fn a_self_wake_on_a_quiet_port_is_a_poll_in_place() {
+    /// A future that wakes itself `left` times, in a [`Repoll`] on a port
+    /// with `requests` running; and its count of polls.
+    fn self_waking(left: usize, requests: usize) -> (Pin<Box<Repoll<SelfWaking>>>, Arc<AtomicUsize>) {
         let polls = Arc::new(AtomicUsize::new(0));
         let running = Running::default();
-        running.begin();
-        let mut f = Box::pin(Repoll::new(
-            SelfWaking {
-                left: 3,
-                polls: polls.clone(),
-            },
-            running,
-        ));
+        (0..requests).for_each(|_| running.begin());
+        let inner = SelfWaking {
+            left,
+            polls: polls.clone(),
+        };
+        (Box::pin(Repoll::new(inner, running)), polls)
+    }
+
+    #[test]
+    fn a_self_wake_on_a_quiet_port_is_a_poll_in_place() {
+        let (mut f, polls) = self_waking(3, 1);
         let (poll, wakes) = poll_once(&mut f);
         assert!(poll.is_ready());
         assert_eq!((polls.load(Ordering::Relaxed), wakes), (4, 0));
@@ -190,17 +194,7 @@ mod tests {
 
     #[test]
     fn a_self_wake_on_a_busy_port_goes_to_the_task() {
-        let polls = Arc::new(AtomicUsize::new(0));
-        let running = Running::default();
-        running.begin();
-        running.begin();
-        let mut f = Box::pin(Repoll::new(
-            SelfWaking {
-                left: 1,
-                polls: polls.clone(),
-            },
-            running,
-        ));
+        let (mut f, polls) = self_waking(1, 2);
         let (poll, wakes) = poll_once(&mut f);
         assert!(poll.is_pending());
         assert_eq!((polls.load(Ordering::Relaxed), wakes), (1, 1));

@@ -16,7 +16,6 @@ use hyper::{Request, Response};
 use tokio::time::{Instant, Sleep};
 
 use super::conn::ConnState;
-use super::repoll::Running;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -42,8 +41,6 @@ impl std::error::Error for BodyReadTimeout {}
 pub(crate) struct HttpService {
     pub(super) routes: crate::http::Routes,
     pub(super) conn: Arc<ConnState>,
-    /// The port's running requests (`repoll`): each request counts itself in.
-    pub(super) running: Running,
     pub(super) body_read_timeout: Duration,
 }
 
@@ -53,7 +50,7 @@ impl hyper::service::Service<Request<Incoming>> for HttpService {
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
-        let guard = RequestGuard::new(self.conn.clone(), self.running.clone());
+        let guard = RequestGuard::new(self.conn.clone());
         let timeout = self.body_read_timeout;
         let req = req.map(|body| {
             Body::new(TimedBody {
@@ -84,19 +81,17 @@ impl hyper::service::Service<Request<Incoming>> for HttpService {
 }
 
 /// A running request of a connection; dropping it ends the request.
-struct RequestGuard(Arc<ConnState>, Running);
+struct RequestGuard(Arc<ConnState>);
 
 impl RequestGuard {
-    fn new(conn: Arc<ConnState>, running: Running) -> RequestGuard {
+    fn new(conn: Arc<ConnState>) -> RequestGuard {
         conn.begin_request();
-        running.begin();
-        RequestGuard(conn, running)
+        RequestGuard(conn)
     }
 }
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
-        self.1.end();
         self.0.end_request();
     }
 }
