@@ -199,13 +199,7 @@ impl Decimal {
         if !(f64::from(f32::MIN_POSITIVE)..=f64::from(f32::MAX)).contains(&r) {
             return None;
         }
-        // The 29 bits f32 drops; halfway between two f32s is 1 then 28 zeros.
-        const HALF: i64 = 1 << 28;
-        let low = (r.to_bits() & ((1 << 29) - 1)) as i64;
-        if (low - HALF).abs() <= 4 {
-            return None;
-        }
-        let x = r as f32;
+        let x = f32_unless_near_halfway(r, 4)?;
         Some(if self.neg { -x } else { x })
     }
 
@@ -217,6 +211,21 @@ impl Decimal {
         let m = self.m as i64;
         Some(if self.neg { -m } else { m })
     }
+}
+
+/// `r` rounded to f32, unless `r` lies within `margin` f64 ulps of a point
+/// halfway between two f32s (then the decimal `r` approximates may round
+/// the other way: `None`). `r` must be zero or an f32 normal, so that
+/// rounding drops exactly the f64's 29 low bits; halfway is 1 then 28
+/// zeros in them. Every fast FP32 parser here ends with this check.
+#[inline(always)]
+pub(super) fn f32_unless_near_halfway(r: f64, margin: u64) -> Option<f32> {
+    const HALF: i64 = 1 << 28;
+    let low = (r.to_bits() & ((1 << 29) - 1)) as i64;
+    if (low - HALF).unsigned_abs() <= margin {
+        return None;
+    }
+    Some(r as f32)
 }
 
 /// A seeded xorshift generator for the tests of the number parsers.

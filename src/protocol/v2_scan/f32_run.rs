@@ -38,6 +38,8 @@
 //! answer or refusal as without this module. Other CPUs read every
 //! element the usual way.
 
+use crate::protocol::json_number;
+
 /// Reads elements `number,` from the front of `b` while it can (see the
 /// module doc), at most `room` of them, appending their values to `out`.
 /// Returns the bytes read: 0, or up to just after a comma (and one space),
@@ -82,13 +84,8 @@ fn to_f32(m: u64, a: usize, truncated: bool) -> Option<f32> {
     // Exact but for three roundings of half an ulp: m (above 2^53 only just),
     // 10^-k, and the product. The value is at least 10^-14 and below 10^15:
     // an f32 normal, so rounding to f32 drops the f64's 29 low bits.
-    let r = (m as i64) as f64 * crate::protocol::json_number::NEG_POW10[16 - a];
-    const HALF: i64 = 1 << 28;
-    let low = (r.to_bits() & ((1 << 29) - 1)) as i64;
-    if (low - HALF).abs() <= margin {
-        return None;
-    }
-    Some(r as f32)
+    let r = (m as i64) as f64 * json_number::NEG_POW10[16 - a];
+    json_number::f32_unless_near_halfway(r, margin)
 }
 
 /// The f32 nearest `m × 10^-14` (`m` < 10^15: the digits of `d.ddd…`
@@ -107,13 +104,9 @@ fn to_f32_units(m: u64, truncated: bool) -> Option<f32> {
     // element the usual way.
     let lz = m.leading_zeros().min(63);
     let margin = 4 + (u64::from(truncated) << (lz - 10));
-    let r = (m as i64) as f64 * 1e-14;
-    const HALF: i64 = 1 << 28;
-    let low = (r.to_bits() & ((1 << 29) - 1)) as i64;
-    if (low - HALF).unsigned_abs() <= margin || margin > (1 << 16) + 4 {
-        return None;
-    }
-    Some(r as f32)
+    // Past the limit, a margin that no `r` escapes (one branch, at the end).
+    let margin = if margin > (1 << 16) + 4 { u64::MAX } else { margin };
+    json_number::f32_unless_near_halfway((m as i64) as f64 * 1e-14, margin)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -236,7 +229,7 @@ mod x86 {
             // comma comes first: then it is no element).
             let len = comma.wrapping_sub(s);
             let x = if *b.get_unchecked(s + 1) == b'.' && len.wrapping_sub(3) < 29 {
-                // `d.` and 1 to 28 digits, and nothing else before the comma.
+                // `d.` and 1 to 29 digits, and nothing else before the comma.
                 let full = _bzhi_u32(u32::MAX, len as u32);
                 if (digits | 2) & full != full {
                     break;
