@@ -159,15 +159,23 @@ pub enum Dropped {
 #[derive(Debug, Default)]
 pub struct State {
     entries: VecDeque<Entry>,
-    /// Exponentially weighted mean gap between arrivals (None until two arrived).
-    mean_gap: Option<Duration>,
+    /// The newest arrivals seen, at most [`GAP_WINDOW`], oldest first: the
+    /// arrival-rate estimate is their mean gap.
+    recent: VecDeque<Instant>,
     last_arrival: Option<Instant>,
     /// Exponentially weighted mean time a batch of this model takes to run.
     mean_run: Option<Duration>,
 }
 
-/// Weight of the newest gap in the arrival-rate estimate.
-const GAP_WEIGHT: f64 = 0.2;
+/// Arrivals the mean gap is taken over. A mean over a window, not a
+/// weighted mean of the last gaps: under load requests arrive in bursts
+/// (closed-loop clients send again when their batch answers), and the one
+/// long gap before each burst would make a weighted mean expect the burst's
+/// next request ten times later than it comes.
+const GAP_WINDOW: usize = 32;
+
+/// Weight of the newest run in the mean run time.
+const RUN_WEIGHT: f64 = 0.2;
 
 impl State {
     pub fn new() -> State {
@@ -176,14 +184,12 @@ impl State {
 
     /// Appends an entry and updates the arrival-rate estimate.
     pub fn push(&mut self, entry: Entry) {
-        if let Some(last) = self.last_arrival {
-            let gap = entry.arrival.saturating_duration_since(last);
-            self.mean_gap = Some(match self.mean_gap {
-                None => gap,
-                Some(m) => m.mul_f64(1.0 - GAP_WEIGHT) + gap.mul_f64(GAP_WEIGHT),
-            });
+        let last = self.last_arrival.map_or(entry.arrival, |l| l.max(entry.arrival));
+        self.last_arrival = Some(last);
+        if self.recent.len() == GAP_WINDOW {
+            self.recent.pop_front();
         }
-        self.last_arrival = Some(self.last_arrival.map_or(entry.arrival, |l| l.max(entry.arrival)));
+        self.recent.push_back(last);
         self.entries.push_back(entry);
     }
 
@@ -228,7 +234,7 @@ impl State {
     pub fn record_run(&mut self, took: Duration) {
         self.mean_run = Some(match self.mean_run {
             None => took,
-            Some(m) => m.mul_f64(1.0 - GAP_WEIGHT) + took.mul_f64(GAP_WEIGHT),
+            Some(m) => m.mul_f64(1.0 - RUN_WEIGHT) + took.mul_f64(RUN_WEIGHT),
         });
     }
 
@@ -242,9 +248,16 @@ impl State {
         self.last_arrival
     }
 
+    /// Mean gap between the last [`GAP_WINDOW`] arrivals (None until two arrived).
+    fn mean_gap(&self) -> Option<Duration> {
+        let (first, last) = (self.recent.front()?, self.recent.back()?);
+        let gaps = u32::try_from(self.recent.len() - 1).ok().filter(|&n| n > 0)?;
+        Some(last.saturating_duration_since(*first) / gaps)
+    }
+
     /// When the next arrival is expected, from the mean gap (None: no estimate yet).
     pub fn next_arrival_expected(&self) -> Option<Instant> {
-        Some(self.last_arrival? + self.mean_gap?)
+        Some(self.last_arrival? + self.mean_gap()?)
     }
 
     /// The earliest deadline of the waiting entries.
@@ -452,5 +465,36 @@ pub(crate) mod tests {
         }
         let next = s.next_arrival_expected().unwrap();
         assert_eq!(next, t0 + Duration::from_millis(10));
+    }
+
+    #[test]
+    fn a_long_gap_before_a_burst_moves_the_estimate_by_its_share_of_the_window() {
+        // Bursts of 20 arrivals 10 µs apart, 1 ms between bursts: the mean
+        // gap over the window is (2 ms + 30 × 10 µs) / 31, not the
+        // 200 µs a weighted mean of the last gaps would give just after the long gap.
+        let t0 = Instant::now();
+        let mut s = State::new();
+        let mut keep = Vec::new();
+        let mut t = t0;
+        for burst in 0..3 {
+            if burst > 0 {
+                t += Duration::from_millis(1);
+            }
+            for _ in 0..20 {
+                t += Duration::from_micros(10);
+                let (e, rx) = entry(1, 1, t);
+                keep.push(rx);
+                s.push(e);
+            }
+        }
+        // First arrival after a long gap.
+        t += Duration::from_millis(1);
+        let (e, rx) = entry(1, 1, t);
+        keep.push(rx);
+        s.push(e);
+        let gap = s.next_arrival_expected().unwrap() - t;
+        let want = (Duration::from_millis(2) + Duration::from_micros(10 * 30)) / 31;
+        assert_eq!(gap, want, "two long gaps and 30 short ones in the window");
+        assert!(gap < Duration::from_micros(80), "{gap:?}");
     }
 }
