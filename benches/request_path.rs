@@ -449,9 +449,9 @@ fn report(opts: &Opts, c: &Setup, phases: &[Phase], rounds: &[Round]) -> String 
     );
     let _ = writeln!(
         o,
-        "| phase | round | mean batch | raw batch | server CPU µs / item | raw CPU µs / item | server ÷ raw |"
+        "| phase | round | mean batch | batches of one row | raw batch | server CPU µs / item | raw CPU µs / item | server ÷ raw |"
     );
-    let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|");
     for key in ["mlp_binary", "mlp_json"] {
         for (i, r) in rounds.iter().enumerate() {
             let (Some(p), Some(raw)) = (r.points.get(key), r.raw.get(key)) else {
@@ -459,9 +459,10 @@ fn report(opts: &Opts, c: &Setup, phases: &[Phase], rounds: &[Round]) -> String 
             };
             let _ = writeln!(
                 o,
-                "| {key} | {} | {} | {} | {} | {:.1} | {} |",
+                "| {key} | {} | {} | {} | {} | {} | {:.1} | {} |",
                 i + 1,
                 fmt_opt(p.mean_batch, |b| format!("{b:.1}")),
+                fmt_opt(p.one_row_batches, |f| format!("{:.0} %", f * 100.0)),
                 raw.batch,
                 fmt_opt(p.cpu_per_1000(), |v| format!("{:.1}", v * 1e3)),
                 raw.cpu_per_1000() * 1e3,

@@ -134,6 +134,8 @@ pub struct LoadPoint {
     pub client_cpu: f64,
     /// Rows per executed batch, over every loaded model.
     pub mean_batch: Option<f64>,
+    /// Fraction of the executed batches that held one row.
+    pub one_row_batches: Option<f64>,
     /// Mean seconds from a request's arrival to its batch's dispatch.
     pub queue_delay: Option<f64>,
 }
@@ -354,6 +356,7 @@ pub async fn closed_loop<S: AsRef<str>>(
         server_cpu: after.cpu - before.cpu,
         client_cpu,
         mean_batch: before.mean_since_over(&after, "sluice_batch_size", models),
+        one_row_batches: before.share_at_most_over(&after, "sluice_batch_size", "1", models),
         queue_delay: before.mean_since_over(&after, "sluice_queue_delay_seconds", models),
     })
 }

@@ -10,6 +10,8 @@ use super::client::get;
 use super::process_cpu_seconds;
 
 /// `(metric name, model label)` -> value, summed over the other labels.
+/// A histogram's buckets are kept as `name{le="bound"}` (e.g.
+/// `sluice_batch_size_bucket{le="1"}`), its sums and counts as `name`.
 pub type Metrics = HashMap<(String, String), f64>;
 
 pub fn parse_metrics(text: &str) -> Metrics {
@@ -20,9 +22,20 @@ pub fn parse_metrics(text: &str) -> Metrics {
         };
         let Ok(value) = value.parse::<f64>() else { continue };
         let (name, labels) = series.split_once('{').unwrap_or((series, ""));
-        if !(name.ends_with("_sum") || name.ends_with("_count")) {
+        let name = if name.ends_with("_bucket") {
+            let Some(le) = labels
+                .split_once("le=\"")
+                .and_then(|(_, rest)| rest.split_once('"'))
+                .map(|(le, _)| le)
+            else {
+                continue;
+            };
+            format!("{name}{{le=\"{le}\"}}")
+        } else if name.ends_with("_sum") || name.ends_with("_count") {
+            name.to_string()
+        } else {
             continue;
-        }
+        };
         let Some(model) = labels
             .split_once("model=\"")
             .and_then(|(_, rest)| rest.split_once('"'))
@@ -30,7 +43,7 @@ pub fn parse_metrics(text: &str) -> Metrics {
         else {
             continue;
         };
-        *m.entry((name.to_string(), model)).or_default() += value;
+        *m.entry((name, model)).or_default() += value;
     }
     m
 }
@@ -91,5 +104,32 @@ impl Snapshot {
         };
         let count = v(later, "count") - v(self, "count");
         (count > 0.0).then(|| (v(later, "sum") - v(self, "sum")) / count)
+    }
+
+    /// Fraction of histogram `name`'s observations for `models` between
+    /// `self` and `later` that were at most `le` (one of its bucket bounds,
+    /// as `/metrics` writes it, e.g. `"1"`).
+    pub fn share_at_most_over<S: AsRef<str>>(
+        &self,
+        later: &Snapshot,
+        name: &str,
+        le: &str,
+        models: &[S],
+    ) -> Option<f64> {
+        let v = |s: &Snapshot, key: &str| -> f64 {
+            models
+                .iter()
+                .map(|m| {
+                    s.metrics
+                        .get(&(key.to_string(), m.as_ref().to_string()))
+                        .copied()
+                        .unwrap_or(0.0)
+                })
+                .sum()
+        };
+        let count_key = format!("{name}_count");
+        let bucket_key = format!("{name}_bucket{{le=\"{le}\"}}");
+        let count = v(later, &count_key) - v(self, &count_key);
+        (count > 0.0).then(|| (v(later, &bucket_key) - v(self, &bucket_key)) / count)
     }
 }
