@@ -90,20 +90,25 @@ impl Snapshot {
 
     /// Mean of histogram `name` over all of `models` together (their sums over their counts).
     pub fn mean_since_over<S: AsRef<str>>(&self, later: &Snapshot, name: &str, models: &[S]) -> Option<f64> {
-        let v = |s: &Snapshot, suffix: &str| -> f64 {
-            let key = format!("{name}_{suffix}");
+        let count = self.grown(later, &format!("{name}_count"), models);
+        (count > 0.0).then(|| self.grown(later, &format!("{name}_sum"), models) / count)
+    }
+
+    /// How much series `key` (a key of [`Metrics`]), summed over `models`,
+    /// grew between `self` and `later`.
+    fn grown<S: AsRef<str>>(&self, later: &Snapshot, key: &str, models: &[S]) -> f64 {
+        let total = |s: &Snapshot| -> f64 {
             models
                 .iter()
                 .map(|m| {
                     s.metrics
-                        .get(&(key.clone(), m.as_ref().to_string()))
+                        .get(&(key.to_string(), m.as_ref().to_string()))
                         .copied()
                         .unwrap_or(0.0)
                 })
                 .sum()
         };
-        let count = v(later, "count") - v(self, "count");
-        (count > 0.0).then(|| (v(later, "sum") - v(self, "sum")) / count)
+        total(later) - total(self)
     }
 
     /// Fraction of histogram `name`'s observations for `models` between
@@ -116,20 +121,7 @@ impl Snapshot {
         le: &str,
         models: &[S],
     ) -> Option<f64> {
-        let v = |s: &Snapshot, key: &str| -> f64 {
-            models
-                .iter()
-                .map(|m| {
-                    s.metrics
-                        .get(&(key.to_string(), m.as_ref().to_string()))
-                        .copied()
-                        .unwrap_or(0.0)
-                })
-                .sum()
-        };
-        let count_key = format!("{name}_count");
-        let bucket_key = format!("{name}_bucket{{le=\"{le}\"}}");
-        let count = v(later, &count_key) - v(self, &count_key);
-        (count > 0.0).then(|| (v(later, &bucket_key) - v(self, &bucket_key)) / count)
+        let count = self.grown(later, &format!("{name}_count"), models);
+        (count > 0.0).then(|| self.grown(later, &format!("{name}_bucket{{le=\"{le}\"}}"), models) / count)
     }
 }

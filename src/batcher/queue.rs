@@ -159,10 +159,10 @@ pub enum Dropped {
 #[derive(Debug, Default)]
 pub struct State {
     entries: VecDeque<Entry>,
-    /// The newest arrivals seen, at most [`GAP_WINDOW`], oldest first: the
-    /// arrival-rate estimate is their mean gap.
+    /// The newest arrivals seen, at most [`GAP_WINDOW`], oldest first, each
+    /// no earlier than the one before: the arrival-rate estimate is their
+    /// mean gap, and the last is the newest arrival.
     recent: VecDeque<Instant>,
-    last_arrival: Option<Instant>,
     /// Exponentially weighted mean time a batch of this model takes to run.
     mean_run: Option<Duration>,
 }
@@ -184,8 +184,10 @@ impl State {
 
     /// Appends an entry and updates the arrival-rate estimate.
     pub fn push(&mut self, entry: Entry) {
-        let last = self.last_arrival.map_or(entry.arrival, |l| l.max(entry.arrival));
-        self.last_arrival = Some(last);
+        let last = self
+            .recent
+            .back()
+            .map_or(entry.arrival, |&l| l.max(entry.arrival));
         if self.recent.len() == GAP_WINDOW {
             self.recent.pop_front();
         }
@@ -245,7 +247,7 @@ impl State {
 
     /// Arrival of the newest entry seen.
     pub fn last_arrival(&self) -> Option<Instant> {
-        self.last_arrival
+        self.recent.back().copied()
     }
 
     /// Mean gap between the last [`GAP_WINDOW`] arrivals (None until two arrived).
@@ -257,7 +259,7 @@ impl State {
 
     /// When the next arrival is expected, from the mean gap (None: no estimate yet).
     pub fn next_arrival_expected(&self) -> Option<Instant> {
-        Some(self.last_arrival? + self.mean_gap()?)
+        Some(self.last_arrival()? + self.mean_gap()?)
     }
 
     /// The earliest deadline of the waiting entries.
