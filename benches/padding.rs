@@ -413,6 +413,7 @@ async fn rounds(
     let settings =
         ModelSettings::parse(&configs[0].1, "raw", &ModelDefaults::default()).map_err(|e| anyhow!("{e}"))?;
     let mut raw_model = runtime.load("raw", model, &settings)?;
+    eprintln!("raw session: {}", raw_model.provider_reason);
     let session = &mut raw_model.sessions[0].1;
     let mut rng = Lcg(1);
     let bodies: Arc<Vec<_>> = Arc::new(
@@ -481,8 +482,14 @@ fn main() -> Result<()> {
                 )),
         );
     tracing::subscriber::set_global_default(subscriber)?;
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let model = root.join("model-repository/minilm/model.onnx");
+    // The checkout this bench was built in, or (a binary carried to another
+    // machine, scripts/gpu-check.sh) the working directory.
+    let root = Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+        .filter(|r| r.join("model-repository").is_dir())
+        .map_or_else(std::env::current_dir, Ok)?;
+    // SLUICE_BENCH_MODEL: another MiniLM-shaped file (scripts/gpu-check.sh: the copy it carried).
+    let model = std::env::var_os("SLUICE_BENCH_MODEL")
+        .map_or_else(|| root.join("model-repository/minilm/model.onnx"), PathBuf::from);
     if !model.is_file() {
         return Err(anyhow!(
             "{} is missing: run scripts/fetch-minilm.sh",
@@ -514,7 +521,10 @@ fn main() -> Result<()> {
         &captured,
         (rounds_n, secs, concurrency),
     ))?;
-    println!("\n### Padding (MiniLM int8, lengths 8..128 skewed short, concurrency {concurrency})\n");
+    println!(
+        "\n### Padding ({}, lengths 8..128 skewed short, concurrency {concurrency})\n",
+        model.display()
+    );
     println!(
         "{rounds_n} rounds of {secs} s per configuration, side by side; medians. Load average before: {}, after: {}\n",
         load_before.trim(),

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# sluice on a CUDA GPU: correctness, device memory and the padding benchmark,
+# in one run on a machine with an NVIDIA GPU (driver >= 580), Python 3 with
+# numpy, onnx and onnxruntime (CPU is enough: it computes expected values),
+# and the CUDA 13 / cuDNN 9 libraries of NVIDIA's PyPI wheels (as PyTorch's
+# `nvidia-*` packages install them). No Rust toolchain is needed there.
+#
+# Usage:
+#   scripts/gpu-check.sh pack [PART_MIB]   # here: build, strip and pack into .gpu/parts/
+#   scripts/gpu-check.sh unpack            # there: .gpu/parts/* -> .gpu/run/ (checks sha256)
+#   scripts/gpu-check.sh run [OUT_DIR]     # there: the checks and the benchmark
+#
+# `pack` puts into one xz-compressed tar, split into parts of PART_MIB
+# (default 51) so that each fits one transfer: the release `sluice` binary
+# and the padding benchmark (stripped), the onnxruntime-gpu 1.31.1 libraries
+# (scripts/fetch-onnxruntime.sh --gpu) and the MiniLM file. Parts may also
+# be moved one by one to a folder named by GPU_PARTS before `unpack`.
+#
+# `run`:
+#   1. Starts `sluice serve` on a copy of model-repository/ with every model
+#      on `execution_provider = "cuda"`, except `digits` on `auto`. The log
+#      must say each model's provider.
+#   2. scripts/gpu_check.py: answers against CPU ONNX Runtime on each request
+#      alone, batches in /metrics, and each model's device bytes against
+#      nvidia-smi.
+#   3. SIGTERM; sluice must exit 0.
+#   4. `cargo bench --bench padding`'s binary (rounds and seconds:
+#      GPU_BENCH_ROUNDS, GPU_BENCH_SECONDS, default 3 and 5).
+# Results go to OUT_DIR (default $OUT, else .gpu/out): gpu-check.md,
+# sluice.log, providers.txt, bench.md, bench.log.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT="$(pwd -P)"
+STAGE="$ROOT/.gpu"
+RUN="$STAGE/run"
+log() { echo "gpu-check: $*" >&2; }
+die() { echo "gpu-check: error: $*" >&2; exit 1; }
+
+pack() {
+  local part_mib="${1:-51}" ort
+  ort="$(dirname "$(scripts/fetch-onnxruntime.sh --gpu)")"
+  scripts/fetch-minilm.sh >/dev/null
+  cargo build --release --locked --bin sluice
+  local bench
+  bench="$(cargo bench --locked --bench padding --no-run --message-format=json 2>/dev/null \
+    | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "padding" and m.get("executable"):
+        print(m["executable"])')"
+  [[ -x "$bench" ]] || die "no padding bench binary (cargo bench --bench padding --no-run)"
+  rm -rf "$STAGE/pack" "$STAGE/parts" && mkdir -p "$STAGE/pack/ort" "$STAGE/parts"
+  cp -L "$ort"/libonnxruntime.so.1.31.1 "$ort"/libonnxruntime_providers_{shared,cuda}.so "$STAGE/pack/ort/"
+  strip -o "$STAGE/pack/sluice" target/release/sluice
+  strip -o "$STAGE/pack/padding-bench" "$bench"
+  cp model-repository/minilm/model.onnx "$STAGE/pack/minilm.onnx"
+  (cd "$STAGE/pack" && sha256sum ort/* sluice padding-bench minilm.onnx > SHA256SUMS)
+  log "compressing (xz -9, a few minutes) ..."
+  tar -C "$STAGE/pack" -cf - . | xz -9 -T0 | split -b "${part_mib}M" -d - "$STAGE/parts/part-"
+  (cd "$STAGE/parts" && sha256sum part-* > ../parts.sha256 && mv ../parts.sha256 .)
+  ls -l "$STAGE/parts" >&2
+}
+
+unpack() {
+  local parts="${GPU_PARTS:-$STAGE/parts}"
+  (cd "$parts" && sha256sum -c --quiet parts.sha256) || die "a part is damaged or missing in $parts"
+  rm -rf "$RUN" && mkdir -p "$RUN"
+  cat "$parts"/part-* | python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer, 1 << 20)' \
+    | tar -C "$RUN" -xf -
+  (cd "$RUN" && sha256sum -c --quiet SHA256SUMS) || die "unpacked files do not match their sums"
+  ln -sf libonnxruntime.so.1.31.1 "$RUN/ort/libonnxruntime.so"
+  ln -sf libonnxruntime.so.1.31.1 "$RUN/ort/libonnxruntime.so.1"
+  log "unpacked into $RUN"
+}
+
+# CUDA/cuDNN libraries from the Python environment's NVIDIA wheels.
+cuda_library_path() {
+  local site
+  site="$(python3 -c 'import site; print(site.getsitepackages()[0])')"
+  find "$site/nvidia" -name 'lib*.so*' -printf '%h\n' 2>/dev/null | sort -u | paste -sd:
+}
+
+settings() { # folder provider
+  python3 - "$1/model-settings.json" "$2" <<'PY'
+import json, sys
+path, provider = sys.argv[1:]
+s = json.load(open(path))
+s["execution_provider"] = provider
+json.dump(s, open(path, "w"), indent=1)
+PY
+}
+
+run() {
+  local out="${1:-${OUT:-$STAGE/out}}"
+  mkdir -p "$out"
+  [[ -x "$RUN/sluice" ]] || die "$RUN/sluice missing: run 'scripts/gpu-check.sh unpack' first"
+  export LD_LIBRARY_PATH="$RUN/ort:$(cuda_library_path):${LD_LIBRARY_PATH:-}"
+  export ORT_DYLIB_PATH="$RUN/ort/libonnxruntime.so.1.31.1"
+  nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee "$out/nvidia-smi.txt"
+
+  local repo=/tmp/sluice-gpu-repo
+  rm -rf "$repo" && cp -r model-repository "$repo"
+  cp "$RUN/minilm.onnx" "$repo/minilm/model.onnx"
+  for m in mlp minilm; do settings "$repo/$m" cuda; done
+  settings "$repo/digits" auto
+
+  local port=18080 status=0
+  RUST_LOG=info "$RUN/sluice" serve --model-repository "$repo" --http-port $port --grpc-port 18081 \
+    --host 127.0.0.1 --onnxruntime-library "$ORT_DYLIB_PATH" > "$out/sluice.log" 2>&1 &
+  local pid=$!
+  python3 scripts/gpu_check.py "http://127.0.0.1:$port" "$repo" "$pid" "$out/gpu-check.md" || status=1
+  echo "--- provider lines from the log:"
+  { grep -E "provider=" "$out/sluice.log" || true; } | cut -c1-400 | tee "$out/providers.txt"
+  kill -TERM "$pid"
+  local rc=0; wait "$pid" || rc=$?
+  echo "sluice exited with $rc after SIGTERM"; [[ $rc == 0 ]] || status=1
+  echo "warn/error lines in the log: $(grep -ciE ' (warn|error) ' "$out/sluice.log" || true)"
+  { grep -iE " (warn|error) " "$out/sluice.log" || true; } | head -20
+
+  local rounds="${GPU_BENCH_ROUNDS:-3}" secs="${GPU_BENCH_SECONDS:-5}"
+  echo "--- padding bench, MiniLM, $rounds rounds of $secs s"
+  SLUICE_BENCH_MODEL="$RUN/minilm.onnx" SLUICE_BENCH_ROUNDS="$rounds" SLUICE_BENCH_SECONDS="$secs" \
+    timeout 300 "$RUN/padding-bench" --bench > "$out/bench.md" 2> "$out/bench.log" || status=1
+  cat "$out/bench.md"
+  grep -E "raw session|round " "$out/bench.log" || true
+  return $status
+}
+
+case "${1:-}" in
+  pack) shift; pack "$@" ;;
+  unpack) unpack ;;
+  run) shift; run "$@" ;;
+  *) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2 ;;
+esac
