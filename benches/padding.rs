@@ -357,13 +357,20 @@ struct Point {
     cpu_ms: f64,
     /// Mean sequences per batch.
     batch: f64,
+    /// Mean ONNX Runtime run per batch in the server, and on the same
+    /// batches back to back (raw), milliseconds.
+    run_ms: f64,
+    raw_run_ms: f64,
+    /// Mean queue delay per request, milliseconds.
+    queue_ms: f64,
     /// Raw ONNX Runtime on the same batches (padded models): sequences per
     /// second, padding ratio, CPU milliseconds per sequence.
     raw: Option<(f64, f64, f64)>,
 }
 
-/// (sum, count) of `sluice_batch_size` of `model` from `/metrics`.
-async fn batch_sizes(base: &str, model: &str) -> Result<(f64, f64)> {
+/// Sums and counts of `model`'s histograms in `/metrics`: batch size, ONNX
+/// Runtime run time and queue delay, as `[sum, count]` each.
+async fn histograms(base: &str, model: &str) -> Result<[[f64; 2]; 3]> {
     let text = reqwest::get(format!("{base}/metrics")).await?.text().await?;
     let value = |name: &str| {
         text.lines()
@@ -371,7 +378,17 @@ async fn batch_sizes(base: &str, model: &str) -> Result<(f64, f64)> {
             .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .unwrap_or(0.0)
     };
-    Ok((value("sluice_batch_size_sum"), value("sluice_batch_size_count")))
+    Ok([
+        sluice::metrics::BATCH_SIZE,
+        sluice::metrics::INFERENCE_DURATION,
+        sluice::metrics::QUEUE_DELAY,
+    ]
+    .map(|h| [value(&format!("{h}_sum")), value(&format!("{h}_count"))]))
+}
+
+/// The mean of each histogram between two readings of [`histograms`].
+fn means(before: &[[f64; 2]; 3], after: &[[f64; 2]; 3]) -> [f64; 3] {
+    std::array::from_fn(|i| (after[i][0] - before[i][0]) / (after[i][1] - before[i][1]).max(1.0))
 }
 
 /// The models to compare: the shipped `minilm` settings with padding, and
@@ -382,6 +399,18 @@ fn configurations(root: &Path) -> Result<Vec<(String, String, bool)>> {
     let shipped: Value = serde_json::from_str(&std::fs::read_to_string(
         root.join("model-repository/minilm/model-settings.json"),
     )?)?;
+    let mut shipped = shipped;
+    // SLUICE_BENCH_SETTINGS: a JSON object whose keys replace the shipped
+    // settings' in every configuration (e.g. `{"instances": 2}`).
+    if let Ok(extra) = std::env::var("SLUICE_BENCH_SETTINGS") {
+        let extra: Value = serde_json::from_str(&extra).map_err(|e| anyhow!("SLUICE_BENCH_SETTINGS: {e}"))?;
+        for (k, v) in extra
+            .as_object()
+            .ok_or_else(|| anyhow!("SLUICE_BENCH_SETTINGS: not a JSON object"))?
+        {
+            shipped[k] = v.clone();
+        }
+    }
     let mut out = vec![("pad".to_string(), shipped.to_string(), true)];
     let variants = std::env::var("SLUICE_BENCH_VARIANTS").unwrap_or_default();
     for variant in variants.split(',').map(str::trim).filter(|r| !r.is_empty()) {
@@ -434,20 +463,31 @@ async fn rounds(
         let mut points = Vec::new();
         for (m, _, _) in configs {
             captured.take(m);
-            let before = batch_sizes(&base, m).await?;
+            let before = histograms(&base, m).await?;
             let (cpu0, t0) = (cpu_seconds(), Instant::now());
             let served = load(&base, m, &bodies, concurrency, secs).await?;
             let cpu_ms = (cpu_seconds() - cpu0) * 1e3 / (served * t0.elapsed().as_secs_f64());
-            let after = batch_sizes(&base, m).await?;
-            let batch = (after.0 - before.0) / (after.1 - before.1).max(1.0);
-            let raw = Some(raw(session.as_mut(), &captured.take(m))?);
+            let [batch, run, queue] = means(&before, &histograms(&base, m).await?);
+            let batches = captured.take(m);
+            let raw = Some(raw(session.as_mut(), &batches)?);
+            // Raw milliseconds per batch: the batches' sequences at raw's rate.
+            let sequences: usize = batches.iter().map(Vec::len).sum();
+            let raw_run_ms = raw.map_or(0.0, |r| {
+                sequences as f64 / r.0 / batches.len().max(1) as f64 * 1e3
+            });
+            let (run_ms, queue_ms) = (run * 1e3, queue * 1e3);
             eprintln!(
-                "round {round} {m}: {served:.1} seq/s, {cpu_ms:.1} CPU ms/seq, mean batch {batch:.1}, raw (seq/s, padding, CPU ms/seq) {raw:.3?}"
+                "round {round} {m}: {served:.1} seq/s, {cpu_ms:.1} CPU ms/seq, mean batch {batch:.1}, \
+                 run {run_ms:.2} ms/batch (raw {raw_run_ms:.2}), queue delay {queue_ms:.2} ms, \
+                 raw (seq/s, padding, CPU ms/seq) {raw:.3?}"
             );
             points.push(Point {
                 served,
                 cpu_ms,
                 batch,
+                run_ms,
+                raw_run_ms,
+                queue_ms,
                 raw,
             });
         }
@@ -544,13 +584,19 @@ fn report(configs: &[(String, String, bool)], results: &[Vec<Point>]) -> Result<
     let (off_raw, off_cpu) = (med(last, |p| p.raw.map_or(0.0, |r| r.0)), med(last, |p| p.cpu_ms));
     println!(
         "| configuration | sequences/s | ÷ off | CPU ms / sequence | sequences per CPU-second ÷ off | mean batch (sequences) | padding ratio | \
-         raw ONNX Runtime, same batches: sequences/s | raw ÷ raw off | served ÷ raw | raw CPU ms / sequence |"
+         raw ONNX Runtime, same batches: sequences/s | raw ÷ raw off | served ÷ raw | raw CPU ms / sequence | \
+         ONNX Runtime ms / batch: server, raw | queue delay ms |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (i, (m, settings, padded)) in configs.iter().enumerate() {
         let served = med(i, |p| p.served);
         let cpu = med(i, |p| p.cpu_ms);
         let batch = med(i, |p| p.batch);
+        let (run, raw_run, queue) = (
+            med(i, |p| p.run_ms),
+            med(i, |p| p.raw_run_ms),
+            med(i, |p| p.queue_ms),
+        );
         let raw_cpu = med(i, |p| p.raw.map_or(0.0, |r| r.2));
         let raw = med(i, |p| p.raw.map_or(0.0, |r| r.0));
         let ratio = med(i, |p| p.raw.map_or(0.0, |r| r.1));
@@ -558,15 +604,20 @@ fn report(configs: &[(String, String, bool)], results: &[Vec<Point>]) -> Result<
         let name = match padded {
             true => format!(
                 "{m} (max_padding_ratio {}, max_batch_tokens {})",
-                v["max_padding_ratio"]
-                    .as_f64()
-                    .unwrap_or(sluice::settings::DEFAULT_MAX_PADDING_RATIO),
+                v["max_padding_ratio"].as_f64().map_or_else(
+                    || format!(
+                        "default: {} on the CPU, {} on a GPU",
+                        sluice::settings::DEFAULT_MAX_PADDING_RATIO,
+                        sluice::settings::DEFAULT_MAX_PADDING_RATIO_GPU
+                    ),
+                    |x| x.to_string()
+                ),
                 v["max_batch_tokens"]
             ),
             false => format!("{m} (padding off)"),
         };
         println!(
-            "| {name} | {served:.1} | {:.2}× | {cpu:.1} | {:.2}× | {batch:.1} | {ratio:.3} | {raw:.1} | {:.2}× | {:.2} | {raw_cpu:.1} |",
+            "| {name} | {served:.1} | {:.2}× | {cpu:.1} | {:.2}× | {batch:.1} | {ratio:.3} | {raw:.1} | {:.2}× | {:.2} | {raw_cpu:.1} | {run:.2}, {raw_run:.2} | {queue:.2} |",
             served / off,
             off_cpu / cpu,
             raw / off_raw,

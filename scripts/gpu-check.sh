@@ -24,10 +24,12 @@
 #      alone, batches in /metrics, and each model's device bytes against
 #      nvidia-smi.
 #   3. SIGTERM; sluice must exit 0.
-#   4. `cargo bench --bench padding`'s binary (rounds and seconds:
-#      GPU_BENCH_ROUNDS, GPU_BENCH_SECONDS, default 3 and 5).
+#   4. `cargo bench --bench padding`'s binary, once per JSON object in
+#      GPU_BENCH_SETTINGS (`;`-separated, default `{}`: SLUICE_BENCH_SETTINGS),
+#      with GPU_BENCH_VARIANTS as SLUICE_BENCH_VARIANTS; rounds and seconds:
+#      GPU_BENCH_ROUNDS, GPU_BENCH_SECONDS (default 3 and 5).
 # Results go to OUT_DIR (default $OUT, else .gpu/out): gpu-check.md,
-# sluice.log, providers.txt, bench.md, bench.log.
+# sluice.log, bench-N.md, bench-N.log; the rest to stdout.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT="$(pwd -P)"
@@ -96,7 +98,7 @@ run() {
   [[ -x "$RUN/sluice" ]] || die "$RUN/sluice missing: run 'scripts/gpu-check.sh unpack' first"
   export LD_LIBRARY_PATH="$RUN/ort:$(cuda_library_path):${LD_LIBRARY_PATH:-}"
   export ORT_DYLIB_PATH="$RUN/ort/libonnxruntime.so.1.31.1"
-  nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee "$out/nvidia-smi.txt"
+  nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 
   local repo=/tmp/sluice-gpu-repo
   rm -rf "$repo" && cp -r model-repository "$repo"
@@ -110,19 +112,24 @@ run() {
   local pid=$!
   python3 scripts/gpu_check.py "http://127.0.0.1:$port" "$repo" "$pid" "$out/gpu-check.md" || status=1
   echo "--- provider lines from the log:"
-  { grep -E "provider=" "$out/sluice.log" || true; } | cut -c1-400 | tee "$out/providers.txt"
+  { grep -E "provider=" "$out/sluice.log" || true; } | cut -c1-400
   kill -TERM "$pid"
   local rc=0; wait "$pid" || rc=$?
   echo "sluice exited with $rc after SIGTERM"; [[ $rc == 0 ]] || status=1
   echo "warn/error lines in the log: $(grep -ciE ' (warn|error) ' "$out/sluice.log" || true)"
   { grep -iE " (warn|error) " "$out/sluice.log" || true; } | head -20
 
-  local rounds="${GPU_BENCH_ROUNDS:-3}" secs="${GPU_BENCH_SECONDS:-5}"
-  echo "--- padding bench, MiniLM, $rounds rounds of $secs s"
-  SLUICE_BENCH_MODEL="$RUN/minilm.onnx" SLUICE_BENCH_ROUNDS="$rounds" SLUICE_BENCH_SECONDS="$secs" \
-    timeout 300 "$RUN/padding-bench" --bench > "$out/bench.md" 2> "$out/bench.log" || status=1
-  cat "$out/bench.md"
-  grep -E "raw session|round " "$out/bench.log" || true
+  local rounds="${GPU_BENCH_ROUNDS:-3}" secs="${GPU_BENCH_SECONDS:-5}" extra i=0
+  local IFS=';'
+  for extra in ${GPU_BENCH_SETTINGS:-'{}'}; do
+    i=$((i + 1))
+    echo "--- padding bench $i, MiniLM, $rounds rounds of $secs s, settings $extra, variants ${GPU_BENCH_VARIANTS:-none}"
+    SLUICE_BENCH_MODEL="$RUN/minilm.onnx" SLUICE_BENCH_ROUNDS="$rounds" SLUICE_BENCH_SECONDS="$secs" \
+      SLUICE_BENCH_SETTINGS="$extra" SLUICE_BENCH_VARIANTS="${GPU_BENCH_VARIANTS:-}" \
+      timeout 300 "$RUN/padding-bench" --bench > "$out/bench-$i.md" 2> "$out/bench-$i.log" || status=1
+    cat "$out/bench-$i.md"
+    grep -E "raw session|round " "$out/bench-$i.log" || true
+  done
   return $status
 }
 

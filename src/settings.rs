@@ -146,13 +146,30 @@ pub struct BatchSettings {
     pub max_batch_tokens: Option<usize>,
     /// Padded models: most padded elements ÷ all elements of a batch; a request that would
     /// push its batch past it waits for another (the oldest request always runs).
-    pub max_padding_ratio: Fraction,
+    /// `None`: the default for the device the model runs on, which its batcher
+    /// fills in ([`BatchSettings::on_device`]).
+    pub max_padding_ratio: Option<Fraction>,
 }
 
 impl BatchSettings {
     /// True when requests may be batched together (`max_batch_size > 1`).
     pub fn batching_enabled(&self) -> bool {
         self.max_batch_size > 1
+    }
+
+    /// The padding bound in force: the one set, else the CPU default.
+    pub fn max_padding(&self) -> f64 {
+        self.max_padding_ratio
+            .map_or(DEFAULT_MAX_PADDING_RATIO, Fraction::get)
+    }
+
+    /// These settings on a model whose sessions run on a GPU (`gpu`) or the
+    /// CPU: an unset `max_padding_ratio` takes that device's default.
+    pub fn on_device(mut self, gpu: bool) -> BatchSettings {
+        if gpu && self.max_padding_ratio.is_none() {
+            self.max_padding_ratio = Fraction::new(DEFAULT_MAX_PADDING_RATIO_GPU);
+        }
+        self
     }
 }
 
@@ -173,8 +190,18 @@ impl Fraction {
     }
 }
 
-/// Default `max_padding_ratio` (see `benches/README.md`, padding).
+/// Default `max_padding_ratio` on the CPU, where every padded token costs its
+/// share of compute (see `benches/README.md`, padding).
 pub const DEFAULT_MAX_PADDING_RATIO: f64 = 0.05;
+
+/// Default `max_padding_ratio` on a GPU, where a batch's run time barely
+/// grows with its padding and bigger batches pay: on an H200, MiniLM served
+/// 3,615 sequences/s at 0.05, 8,455 at 0.5 and 10,600 at 1.0 (no bound
+/// but `max_batch_tokens`). 0.5 takes most of that gain while bounding the
+/// compute a batch can waste at 2× its tokens, for models bigger than
+/// MiniLM where padding is not free (`scripts/gpu-check.sh`;
+/// benches/README.md, On a GPU).
+pub const DEFAULT_MAX_PADDING_RATIO_GPU: f64 = 0.5;
 
 /// Server-wide defaults for the fields a `model-settings.json` leaves out. `config.rs` fills
 /// them from `config/sluice.toml` and `SLUICE_MODEL_MAX_BATCH_SIZE` / `SLUICE_MODEL_MAX_BATCH_TIME`.
@@ -474,8 +501,8 @@ impl ModelSettings {
                 max_queue_size: max_queue_size.map_or(defaults.max_queue_size, |n| n as usize),
                 timeout: timeout.map_or(defaults.timeout, Duration::from_secs_f64),
                 max_batch_tokens,
-                max_padding_ratio: Fraction::new(max_padding_ratio.unwrap_or(DEFAULT_MAX_PADDING_RATIO))
-                    .expect("checked to be from 0 to 1"),
+                max_padding_ratio: max_padding_ratio
+                    .map(|x| Fraction::new(x).expect("checked to be from 0 to 1")),
             },
             instances: instances.map_or(defaults.instances, |n| n as usize),
             execution_provider: provider.unwrap_or(defaults.execution_provider),

@@ -67,6 +67,8 @@ struct Inner {
     padding: Option<Arc<Padding>>,
     /// The model's per-request metric series (a clone is in the task's `Shared`).
     metrics: metrics::ModelMetrics,
+    /// The sessions run on a GPU: settings take that device's defaults.
+    gpu: bool,
 }
 
 impl Batcher {
@@ -80,8 +82,9 @@ impl Batcher {
         padding: Option<Padding>,
     ) -> Batcher {
         let padding = padding.map(Arc::new);
+        let gpu = workers.on_gpu();
         let (entries, rx) = mpsc::unbounded_channel();
-        let (settings_tx, settings_rx) = watch::channel(settings);
+        let (settings_tx, settings_rx) = watch::channel(settings.on_device(gpu));
         let queued = Arc::new(AtomicUsize::new(0));
         let stats = Arc::new(ModelStats::new());
         let model_metrics = metrics::ModelMetrics::new(model);
@@ -108,6 +111,7 @@ impl Batcher {
                 stats,
                 padding,
                 metrics: model_metrics,
+                gpu,
             }),
         }
     }
@@ -129,7 +133,9 @@ impl Batcher {
 
     /// Applies new batch settings to the running batcher (no session rebuilt).
     pub fn update(&self, settings: BatchSettings) {
-        self.inner.settings.send_replace(settings);
+        self.inner
+            .settings
+            .send_replace(settings.on_device(self.inner.gpu));
     }
 
     /// Hands this batcher's queued requests (and any that still arrive) to

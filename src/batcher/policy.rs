@@ -158,8 +158,7 @@ mod tests {
             max_queue_size: 100,
             timeout: Duration::from_secs(60),
             max_batch_tokens: None,
-            max_padding_ratio: crate::settings::Fraction::new(crate::settings::DEFAULT_MAX_PADDING_RATIO)
-                .unwrap(),
+            max_padding_ratio: None,
         }
     }
 

@@ -132,7 +132,7 @@ impl Limits {
         Limits {
             max_rows: settings.max_batch_size.max(1),
             max_tokens: settings.max_batch_tokens,
-            max_padding: settings.max_padding_ratio.get(),
+            max_padding: settings.max_padding(),
         }
     }
 

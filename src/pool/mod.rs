@@ -154,6 +154,8 @@ pub struct ModelWorkers {
     groups: Vec<Group>,
     next_group: AtomicUsize,
     instances: usize,
+    /// True when the sessions run on a GPU.
+    gpu: bool,
     /// The last run's duration in ns (u64::MAX before the first): a model
     /// whose runs take under [`INLINE_RUN_LIMIT`] runs small batches inline.
     /// Written after every run, by session threads and inline runs alike.
@@ -189,6 +191,7 @@ impl ModelWorkers {
         outputs: Vec<String>,
     ) -> (ModelWorkers, Vec<oneshot::Receiver<WarmupResult>>) {
         let instances = sessions.len();
+        let gpu = sessions.iter().any(|(d, _)| matches!(d, Device::Cuda(_)));
         let mut by_device: Vec<(Device, Vec<Box<dyn Session>>)> = Vec::new();
         for (device, s) in sessions {
             match by_device.iter_mut().find(|(d, _)| *d == device) {
@@ -236,6 +239,7 @@ impl ModelWorkers {
             groups,
             next_group: AtomicUsize::new(0),
             instances,
+            gpu,
             last_run_ns,
             runs: pool.runs.clone(),
             _threads: threads,
@@ -246,6 +250,11 @@ impl ModelWorkers {
     /// Number of sessions.
     pub fn instances(&self) -> usize {
         self.instances
+    }
+
+    /// True when the sessions run on a GPU (batch settings' device defaults).
+    pub fn on_gpu(&self) -> bool {
+        self.gpu
     }
 
     /// Runs one batch and waits for its outputs and how long the session

@@ -80,18 +80,20 @@ pub async fn build(
     mut settings: ModelSettings,
 ) -> Result<ModelHandle, LoadError> {
     let path = dir.join(&settings.uri);
-    let resident_before = crate::runtime::resident_bytes();
     let rt = runtime.clone();
     let (n, p, s) = (name.to_string(), path.clone(), settings.clone());
     // Each CUDA device's memory in use before the load (empty on the CPU).
+    // The first reading creates the CUDA context; host memory is read after
+    // it, so that the context's host pages are not charged to this model.
     let maybe_gpu = settings.execution_provider != ExecutionProvider::Cpu;
-    let (loaded, gpu_before) = tokio::task::spawn_blocking(move || {
+    let (loaded, gpu_before, resident_before) = tokio::task::spawn_blocking(move || {
         let before = if maybe_gpu {
             device_memory::used_per_device()
         } else {
             Vec::new()
         };
-        rt.load(&n, &p, &s).map(|l| (l, before))
+        let resident = crate::runtime::resident_bytes();
+        rt.load(&n, &p, &s).map(|l| (l, before, resident))
     })
     .await
     .map_err(|e| LoadError::Internal(format!("loading {} panicked: {e}", path.display())))??;
@@ -133,7 +135,10 @@ pub async fn build(
         ),
         false => Vec::new(),
     };
+    // The padded dims, and the padding bound in force (its device's default when unset).
     let padded = padding.as_ref().map(|p| p.symbols().join(","));
+    let bound = settings.batching.on_device(!cuda_ids.is_empty()).max_padding();
+    let padded = padded.map(|dims| format!("{dims} (max_padding_ratio {bound})"));
     let started = Instant::now();
     let (workers, warmed) = ModelWorkers::spawn(name, loaded.sessions, pool, warm, outputs.clone());
     for w in warmed {

@@ -55,7 +55,7 @@ fn full_file_with_every_field() {
         max_queue_size: 10,
         timeout: Duration::from_millis(2500),
         max_batch_tokens: None,
-        max_padding_ratio: Fraction::new(DEFAULT_MAX_PADDING_RATIO).unwrap(),
+        max_padding_ratio: None,
     };
     let cuda = CudaOptions {
         gpu_mem_limit: Some(1 << 30),

@@ -139,8 +139,7 @@ fn settings(policy: BatchPolicyKind, max_batch_size: usize, max_batch_time_ms: u
         max_queue_size: 1024,
         timeout: Duration::from_secs(60),
         max_batch_tokens: None,
-        max_padding_ratio: crate::settings::Fraction::new(crate::settings::DEFAULT_MAX_PADDING_RATIO)
-            .unwrap(),
+        max_padding_ratio: None,
     }
 }
 

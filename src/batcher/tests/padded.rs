@@ -24,6 +24,10 @@ fn padding() -> Padding {
 }
 
 fn start_padded(settings: BatchSettings) -> Model {
+    start_padded_on(Device::Cpu, settings)
+}
+
+fn start_padded_on(device: Device, settings: BatchSettings) -> Model {
     let (seen, gate) = (Arc::new(Seen::default()), Arc::new(Gate::default()));
     let session = FakeSession {
         seen: seen.clone(),
@@ -32,17 +36,43 @@ fn start_padded(settings: BatchSettings) -> Model {
     };
     let pool = Pool::new(PoolLimits { cpu: 1, gpu: 1 });
     let outputs = vec!["y".to_string()];
-    let sessions = vec![(Device::Cpu, Box::new(session) as Box<dyn Session>)];
+    let sessions = vec![(device, Box::new(session) as Box<dyn Session>)];
     let (workers, _warmed) = ModelWorkers::spawn("padded", sessions, &pool, Vec::new(), outputs.clone());
     let batcher = Batcher::spawn("padded", settings, Arc::new(workers), outputs, Some(padding()));
     Model { batcher, seen, gate }
 }
 
 #[tokio::test]
+async fn an_unset_padding_bound_takes_the_default_of_the_device_the_sessions_run_on() {
+    use crate::settings::{DEFAULT_MAX_PADDING_RATIO, DEFAULT_MAX_PADDING_RATIO_GPU};
+    let unset = settings(BatchPolicyKind::Fixed, 4, 10_000);
+    assert_eq!(unset.max_padding_ratio, None);
+    let cpu = start_padded_on(Device::Cpu, unset);
+    assert_eq!(cpu.batcher.settings().max_padding(), DEFAULT_MAX_PADDING_RATIO);
+    let gpu = start_padded_on(Device::Cuda(0), unset);
+    assert_eq!(
+        gpu.batcher.settings().max_padding(),
+        DEFAULT_MAX_PADDING_RATIO_GPU
+    );
+    // An in-place update keeps the device's default, and a bound set wins.
+    gpu.batcher.update(unset);
+    assert_eq!(
+        gpu.batcher.settings().max_padding(),
+        DEFAULT_MAX_PADDING_RATIO_GPU
+    );
+    let mut set = unset;
+    set.max_padding_ratio = Fraction::new(0.1);
+    gpu.batcher.update(set);
+    assert_eq!(gpu.batcher.settings().max_padding(), 0.1);
+    cpu.batcher.update(set);
+    assert_eq!(cpu.batcher.settings().max_padding(), 0.1);
+}
+
+#[tokio::test]
 async fn different_lengths_share_a_padded_batch_and_each_gets_its_own_length() {
     // The batch closes when 4 rows are queued; any padding is allowed.
     let mut s = settings(BatchPolicyKind::Fixed, 4, 10_000);
-    s.max_padding_ratio = Fraction::new(1.0).unwrap();
+    s.max_padding_ratio = Fraction::new(1.0);
     let m = start_padded(s);
     let xs: Vec<Tensor> = [1, 3, 2, 5]
         .iter()

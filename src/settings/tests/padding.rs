@@ -14,11 +14,25 @@ fn padding_maps_inputs_to_pad_values() {
     );
     assert_eq!(s.padding["input_ids"], serde_json::json!(0));
     assert_eq!(s.batching.max_batch_tokens, Some(4096));
-    assert_eq!(s.batching.max_padding_ratio.get(), 0.3);
+    assert_eq!(s.batching.max_padding(), 0.3);
+    assert_eq!(
+        s.batching.on_device(true).max_padding(),
+        0.3,
+        "a ratio set holds on a GPU"
+    );
     let none = ok("{}");
     assert!(none.padding.is_empty());
     assert_eq!(none.batching.max_batch_tokens, None);
-    assert_eq!(none.batching.max_padding_ratio.get(), DEFAULT_MAX_PADDING_RATIO);
+    assert_eq!(none.batching.max_padding_ratio, None);
+    assert_eq!(none.batching.max_padding(), DEFAULT_MAX_PADDING_RATIO);
+    assert_eq!(
+        none.batching.on_device(false).max_padding(),
+        DEFAULT_MAX_PADDING_RATIO
+    );
+    assert_eq!(
+        none.batching.on_device(true).max_padding(),
+        DEFAULT_MAX_PADDING_RATIO_GPU
+    );
 }
 
 #[test]
