@@ -189,6 +189,8 @@ def check_kserve(docs, where):
     isvcs = [d for d in docs if d["kind"] == "InferenceService"]
     if not check(len(csrs) == 1 and len(isvcs) >= 1, f"{where}: one ClusterServingRuntime and an InferenceService"):
         return
+    check(any("nvidia.com/gpu" in i["spec"]["predictor"].get("model", {}).get("resources", {}).get("limits", {}) for i in isvcs),
+          f"{where}: an InferenceService on a GPU")
     rt = csrs[0]
     spec = rt["spec"]
     name = rt["metadata"]["name"]
@@ -242,6 +244,17 @@ def check_kserve(docs, where):
               f"InferenceService {n}: SLUICE_MODEL_MAX_BATCH_TIME = maxLatency 500 ms in seconds", str(time_))
         batcher = pred.get("batcher")
         check(batcher is None, f"InferenceService {n}: no `batcher` (KServe's V1-only sidecar in front of sluice's own batcher)", str(batcher))
+        limits = m.get("resources", {}).get("limits", {})
+        if "nvidia.com/gpu" in limits:
+            # A GPU needs the CUDA image: KServe's runtimeVersion is the tag
+            # Dockerfile.cuda's header builds (`sluice:cuda`).
+            check(m.get("runtimeVersion") == "cuda",
+                  f"InferenceService {n} asks for a GPU and runs the CUDA image (runtimeVersion cuda)", str(m.get("runtimeVersion")))
+            check(m.get("resources", {}).get("requests", {}).get("nvidia.com/gpu") == limits["nvidia.com/gpu"],
+                  f"InferenceService {n}: GPU request equals its limit (extended resources cannot be overcommitted)")
+        else:
+            check(m.get("runtimeVersion") in (None, "latest"),
+                  f"InferenceService {n} has no GPU and runs the CPU image", str(m.get("runtimeVersion")))
         cc = pred.get("containerConcurrency")
         check(cc is not None and (cc == 0 or cc >= int(size or 0)),
               f"InferenceService {n}: containerConcurrency {cc} is 0 or >= max_batch_size {size}")
