@@ -5,11 +5,17 @@
 ORT_LIB := .ort/cpu/libonnxruntime.so.1.31.1
 MINILM := model-repository/minilm/model.onnx
 
-.PHONY: serve test setup test-clients models bench bench-request-path docker-test
+.PHONY: serve serve-gpu test setup test-clients models bench bench-request-path docker-test
 
 ## serve: serve model-repository/ on :8080 (release build)
 serve: setup
 	cargo run --release -- serve
+
+## serve-gpu: the same on an NVIDIA GPU: onnxruntime-gpu and CUDA 13 / cuDNN 9 from pinned PyPI wheels (about 2 GB; the driver, >= 580, is the machine's)
+serve-gpu: $(MINILM)
+	scripts/fetch-onnxruntime.sh --gpu >/dev/null
+	LD_LIBRARY_PATH="$$(scripts/fetch-cuda-libs.sh)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \
+	  cargo run --release -- serve --onnxruntime-library .ort/gpu/libonnxruntime.so.1.31.1
 
 ## test: every test (unit + end-to-end against real ONNX Runtime and the standard clients)
 test: setup test-clients

@@ -242,8 +242,9 @@ impl Runtime for OnnxRuntime {
                 Ok(s) => (s, true, format!("{cuda0} (execution_provider \"cuda\")")),
                 Err(e) => {
                     return Err(RuntimeError::Provider(format!(
-                        "execution_provider \"cuda\": CUDA device {} is not usable: {e}",
-                        devices[0]
+                        "execution_provider \"cuda\": CUDA device {} is not usable: {}",
+                        devices[0],
+                        cuda_cause(&e)
                     )))
                 }
             },
@@ -253,8 +254,9 @@ impl Runtime for OnnxRuntime {
             ExecutionProvider::Auto => match self.session_on(path, settings, cuda0, &shared) {
                 Ok(s) => (s, true, format!("{cuda0} (auto: CUDA is usable)")),
                 Err(e) => cpu(format!(
-                    "cpu (auto: CUDA device {} is not usable: {e})",
-                    devices[0]
+                    "cpu (auto: CUDA device {} is not usable: {})",
+                    devices[0],
+                    cuda_cause(&e)
                 ))?,
             },
         };
@@ -518,6 +520,27 @@ impl Session for OnnxSession {
     }
 }
 
+/// ONNX Runtime's error for a CUDA session that could not be made, as a
+/// log line should say it: the cause without the source location, on one
+/// line, and what a missing driver library means.
+fn cuda_cause(e: &str) -> String {
+    // "/onnxruntime_src/…cc:2043 onnxruntime::…Get() [ONNXRuntimeError] : 1 : FAIL : Failed to load …"
+    let cause = e.rsplit_once("[ONNXRuntimeError] : ").map_or(e, |(_, c)| c);
+    let cause = cause
+        .split_once(" : ")
+        .map_or(cause, |(code, rest)| match code.parse::<u32>() {
+            Ok(_) => rest,
+            Err(_) => cause,
+        });
+    let cause = cause.split_whitespace().collect::<Vec<_>>().join(" ");
+    match cause.contains("libcuda.so.1") {
+        true => format!(
+            "{cause} (libcuda.so.1 is the NVIDIA driver's: no driver or GPU is visible to this process)"
+        ),
+        false => cause,
+    }
+}
+
 /// The CUDA provider options a model's `cuda` settings set, as ONNX Runtime's
 /// own keys and values (`OrtCUDAProviderOptionsV2`; the 1.31 CUDA provider
 /// still reads `do_copy_in_default_stream`, which `ort` has no setter for).
@@ -550,6 +573,26 @@ pub fn cuda_provider_options(o: &CudaOptions) -> Vec<(&'static str, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cuda_failure_is_told_by_its_cause_on_one_line() {
+        // ONNX Runtime 1.31's error without a driver, as logged on this machine.
+        let e = "/onnxruntime_src/onnxruntime/core/session/provider_bridge_ort.cc:2043 \
+                 onnxruntime::Provider& onnxruntime::ProviderLibrary::Get() [ONNXRuntimeError] : 1 : FAIL : \
+                 Failed to load library /x/libonnxruntime_providers_cuda.so with error: \
+                 libcuda.so.1: cannot open shared object file: No such file or directory\n";
+        assert_eq!(
+            cuda_cause(e),
+            "FAIL : Failed to load library /x/libonnxruntime_providers_cuda.so with error: libcuda.so.1: \
+             cannot open shared object file: No such file or directory (libcuda.so.1 is the NVIDIA driver's: \
+             no driver or GPU is visible to this process)"
+        );
+        // Anything else passes through, on one line.
+        assert_eq!(
+            cuda_cause("CUDA failure 100: no CUDA-capable device\n"),
+            "CUDA failure 100: no CUDA-capable device"
+        );
+    }
 
     #[test]
     fn every_cuda_setting_reaches_onnx_runtime_under_its_own_key() {
