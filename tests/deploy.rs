@@ -33,7 +33,8 @@ fn validator(metrics_url: &str, extra: &[&str]) -> Command {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manifests_validate_and_every_metric_they_use_exists() {
     let _ = python();
-    let repo = repo_with(&["digits", "mlp"]);
+    // minilm (padding on, model-repository/minilm): the padding panel's series.
+    let repo = repo_with(&["digits", "mlp", "minilm"]);
     // The alerts watch series that exist only once something happened: a
     // model whose queue holds one request that expires there (504,
     // `sluice_requests_dropped_total{reason="expired"}`) while a second is
@@ -52,6 +53,16 @@ async fn manifests_validate_and_every_metric_they_use_exists() {
     let row = fixture("digits_expected.json")["inputs"][0].clone();
     let body = json!({"inputs": [v2_input("input", "FP32", &[1, 64], row)]});
     let (st, r) = s.post("/v2/models/digits/infer", &body).await;
+    assert_eq!(st, 200, "{r}");
+    // One MiniLM sequence: sluice_batch_padding_ratio exists from then on.
+    let inputs = [
+        v2_input("input_ids", "INT64", &[1, 3], json!([101, 2000, 102])),
+        v2_input("attention_mask", "INT64", &[1, 3], json!([1, 1, 1])),
+        v2_input("token_type_ids", "INT64", &[1, 3], json!([0, 0, 0])),
+    ];
+    let (st, r) = s
+        .post("/v2/models/minilm/infer", &json!({ "inputs": inputs }))
+        .await;
     assert_eq!(st, 200, "{r}");
     // The second request is sent only once the first is seen queued, so the
     // order holds however slow the machine is.
@@ -79,6 +90,8 @@ async fn manifests_validate_and_every_metric_they_use_exists() {
     assert!(out.status.success(), "deploy/ does not validate:\n{stdout}");
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
     for metric in [
+        "sluice_model_memory_bytes",
+        "sluice_batch_padding_ratio_sum",
         "sluice_batch_size_bucket",
         "sluice_queue_delay_seconds_bucket",
         "sluice_requests_dropped_total",
