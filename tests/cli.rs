@@ -44,6 +44,8 @@ fn check_prints_the_signature() {
         out.contains("[-1, 3]") && out.contains("\"max_batch_size\": 8"),
         "{out}"
     );
+    // The settings in force: an unset padding bound shows its CPU default.
+    assert!(out.contains("\"max_padding_ratio\": 0.05"), "{out}");
 }
 
 #[test]
