@@ -6,6 +6,7 @@
 
 pub mod device_memory;
 pub mod onnx;
+pub mod ort_log;
 pub mod weights;
 
 use std::fmt;

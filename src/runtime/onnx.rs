@@ -120,6 +120,7 @@ impl OnnxRuntime {
                     })?
                     .with_name("sluice")
                     .with_telemetry(false)
+                    .with_logger(std::sync::Arc::new(super::ort_log::forward))
                     .build()
                     .map_err(|e| RuntimeError::Library(format!("cannot create the ONNX Runtime environment: {e}")))?;
                 let _ = ENVIRONMENT.set((env, library.to_path_buf()));
