@@ -339,12 +339,8 @@ fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
     // The settings in force on the provider chosen (an unset padding bound
     // takes that device's default).
     let mut settings = settings;
-    let gpu = loaded
-        .sessions
-        .iter()
-        .any(|(d, _)| matches!(d, sluice::runtime::Device::Cuda(_)));
-    settings.batching.max_padding_ratio =
-        sluice::settings::Fraction::new(settings.batching.on_device(gpu).max_padding());
+    let gpu = loaded.sessions.iter().any(|(d, _)| d.is_cuda());
+    settings.batching = settings.batching.on_device(gpu);
     match serde_json::to_string_pretty(&settings) {
         Ok(json) => println!("settings: {json}"),
         Err(e) => return fail(format!("cannot print settings: {e}")),

@@ -166,9 +166,12 @@ impl BatchSettings {
     /// These settings on a model whose sessions run on a GPU (`gpu`) or the
     /// CPU: an unset `max_padding_ratio` takes that device's default.
     pub fn on_device(mut self, gpu: bool) -> BatchSettings {
-        if gpu && self.max_padding_ratio.is_none() {
-            self.max_padding_ratio = Fraction::new(DEFAULT_MAX_PADDING_RATIO_GPU);
-        }
+        let default = if gpu {
+            DEFAULT_MAX_PADDING_RATIO_GPU
+        } else {
+            DEFAULT_MAX_PADDING_RATIO
+        };
+        self.max_padding_ratio = self.max_padding_ratio.or(Fraction::new(default));
         self
     }
 }

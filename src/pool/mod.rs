@@ -191,7 +191,7 @@ impl ModelWorkers {
         outputs: Vec<String>,
     ) -> (ModelWorkers, Vec<oneshot::Receiver<WarmupResult>>) {
         let instances = sessions.len();
-        let gpu = sessions.iter().any(|(d, _)| matches!(d, Device::Cuda(_)));
+        let gpu = sessions.iter().any(|(d, _)| d.is_cuda());
         let mut by_device: Vec<(Device, Vec<Box<dyn Session>>)> = Vec::new();
         for (device, s) in sessions {
             match by_device.iter_mut().find(|(d, _)| *d == device) {

@@ -135,10 +135,7 @@ pub async fn build(
         ),
         false => Vec::new(),
     };
-    // The padded dims, and the padding bound in force (its device's default when unset).
     let padded = padding.as_ref().map(|p| p.symbols().join(","));
-    let bound = settings.batching.on_device(!cuda_ids.is_empty()).max_padding();
-    let padded = padded.map(|dims| format!("{dims} (max_padding_ratio {bound})"));
     let started = Instant::now();
     let (workers, warmed) = ModelWorkers::spawn(name, loaded.sessions, pool, warm, outputs.clone());
     for w in warmed {
@@ -147,6 +144,9 @@ pub async fn build(
             .map_err(LoadError::Files)?;
     }
     let batcher = Batcher::spawn(name, settings.batching, Arc::new(workers), outputs, padding);
+    // The padded dims, and the bound the batcher enforces (its device's default when unset).
+    let padded =
+        padded.map(|dims| format!("{dims} (max_padding_ratio {})", batcher.settings().max_padding()));
     let device_bytes = match cuda_ids.is_empty() {
         true => Vec::new(),
         false => {

@@ -4,6 +4,7 @@
 //! traits. Sessions are blocking: they run on the pool's dedicated OS
 //! threads, never on the async runtime.
 
+pub mod cuda;
 pub mod device_memory;
 pub mod onnx;
 pub mod ort_log;
@@ -21,6 +22,13 @@ use crate::tensor::{Signature, Tensor};
 pub enum Device {
     Cpu,
     Cuda(u32),
+}
+
+impl Device {
+    /// True for a CUDA device.
+    pub fn is_cuda(self) -> bool {
+        matches!(self, Device::Cuda(_))
+    }
 }
 
 impl fmt::Display for Device {

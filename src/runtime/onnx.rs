@@ -12,10 +12,8 @@ use ort::session::builder::{GraphOptimizationLevel, PrepackedWeights, SessionBui
 use ort::session::{RunOptions, SessionInputValue};
 use ort::value::{DynValue, Tensor as OrtTensor, TensorElementType, TensorRef, ValueType};
 
-use super::{Cancel, Device, LoadedModel, Runtime, RuntimeError, Session};
-use crate::settings::{
-    ArenaExtendStrategy, CudaOptions, CudnnConvAlgoSearch, ExecutionProvider, ModelSettings,
-};
+use super::{cuda, Cancel, Device, LoadedModel, Runtime, RuntimeError, Session};
+use crate::settings::{ExecutionProvider, ModelSettings};
 use crate::tensor::{DataType, Signature, Tensor, TensorData, TensorSpec};
 
 /// The ONNX Runtime release sluice is built against (`api-31`).
@@ -151,7 +149,7 @@ impl OnnxRuntime {
 
     fn cuda_ep(settings: &ModelSettings, device: u32) -> ep::ExecutionProviderDispatch {
         let mut cuda = ep::CUDA::default().with_device_id(device as i32);
-        for (key, value) in cuda_provider_options(&settings.cuda) {
+        for (key, value) in cuda::provider_options(&settings.cuda) {
             cuda = cuda.with_arbitrary_config(key, value);
         }
         cuda.build().error_on_failure()
@@ -245,7 +243,7 @@ impl Runtime for OnnxRuntime {
                     return Err(RuntimeError::Provider(format!(
                         "execution_provider \"cuda\": CUDA device {} is not usable: {}",
                         devices[0],
-                        cuda_cause(&e)
+                        cuda::failure_cause(&e)
                     )))
                 }
             },
@@ -257,7 +255,7 @@ impl Runtime for OnnxRuntime {
                 Err(e) => cpu(format!(
                     "cpu (auto: CUDA device {} is not usable: {})",
                     devices[0],
-                    cuda_cause(&e)
+                    cuda::failure_cause(&e)
                 ))?,
             },
         };
@@ -518,107 +516,5 @@ impl Session for OnnxSession {
 
     fn canceller(&self) -> Option<Arc<dyn Cancel>> {
         Some(Arc::new(TerminateRuns(self.run_options.clone())))
-    }
-}
-
-/// ONNX Runtime's error for a CUDA session that could not be made, as a
-/// log line should say it: the cause without the source location, on one
-/// line, and what a missing driver library means.
-fn cuda_cause(e: &str) -> String {
-    // "/onnxruntime_src/…cc:2043 onnxruntime::…Get() [ONNXRuntimeError] : 1 : FAIL : Failed to load …"
-    let cause = e.rsplit_once("[ONNXRuntimeError] : ").map_or(e, |(_, c)| c);
-    let cause = cause
-        .split_once(" : ")
-        .map_or(cause, |(code, rest)| match code.parse::<u32>() {
-            Ok(_) => rest,
-            Err(_) => cause,
-        });
-    let cause = cause.split_whitespace().collect::<Vec<_>>().join(" ");
-    match cause.contains("libcuda.so.1") {
-        true => format!(
-            "{cause} (libcuda.so.1 is the NVIDIA driver's: no driver or GPU is visible to this process)"
-        ),
-        false => cause,
-    }
-}
-
-/// The CUDA provider options a model's `cuda` settings set, as ONNX Runtime's
-/// own keys and values (`OrtCUDAProviderOptionsV2`; the 1.31 CUDA provider
-/// still reads `do_copy_in_default_stream`, which `ort` has no setter for).
-pub fn cuda_provider_options(o: &CudaOptions) -> Vec<(&'static str, String)> {
-    let mut opts = Vec::new();
-    if let Some(limit) = o.gpu_mem_limit {
-        opts.push(("gpu_mem_limit", limit.to_string()));
-    }
-    if let Some(s) = o.arena_extend_strategy {
-        let s = match s {
-            ArenaExtendStrategy::NextPowerOfTwo => "kNextPowerOfTwo",
-            ArenaExtendStrategy::SameAsRequested => "kSameAsRequested",
-        };
-        opts.push(("arena_extend_strategy", s.to_string()));
-    }
-    if let Some(s) = o.cudnn_conv_algo_search {
-        let s = match s {
-            CudnnConvAlgoSearch::Exhaustive => "EXHAUSTIVE",
-            CudnnConvAlgoSearch::Heuristic => "HEURISTIC",
-            CudnnConvAlgoSearch::Default => "DEFAULT",
-        };
-        opts.push(("cudnn_conv_algo_search", s.to_string()));
-    }
-    if let Some(b) = o.do_copy_in_default_stream {
-        opts.push(("do_copy_in_default_stream", u8::from(b).to_string()));
-    }
-    opts
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_cuda_failure_is_told_by_its_cause_on_one_line() {
-        // ONNX Runtime 1.31's error without a driver, as logged on this machine.
-        let e = "/onnxruntime_src/onnxruntime/core/session/provider_bridge_ort.cc:2043 \
-                 onnxruntime::Provider& onnxruntime::ProviderLibrary::Get() [ONNXRuntimeError] : 1 : FAIL : \
-                 Failed to load library /x/libonnxruntime_providers_cuda.so with error: \
-                 libcuda.so.1: cannot open shared object file: No such file or directory\n";
-        assert_eq!(
-            cuda_cause(e),
-            "FAIL : Failed to load library /x/libonnxruntime_providers_cuda.so with error: libcuda.so.1: \
-             cannot open shared object file: No such file or directory (libcuda.so.1 is the NVIDIA driver's: \
-             no driver or GPU is visible to this process)"
-        );
-        // Anything else passes through, on one line.
-        assert_eq!(
-            cuda_cause("CUDA failure 100: no CUDA-capable device\n"),
-            "CUDA failure 100: no CUDA-capable device"
-        );
-    }
-
-    #[test]
-    fn every_cuda_setting_reaches_onnx_runtime_under_its_own_key() {
-        let o = CudaOptions {
-            gpu_mem_limit: Some(2 << 30),
-            arena_extend_strategy: Some(ArenaExtendStrategy::SameAsRequested),
-            cudnn_conv_algo_search: Some(CudnnConvAlgoSearch::Heuristic),
-            do_copy_in_default_stream: Some(false),
-        };
-        let got = cuda_provider_options(&o);
-        let want = [
-            ("gpu_mem_limit", "2147483648"),
-            ("arena_extend_strategy", "kSameAsRequested"),
-            ("cudnn_conv_algo_search", "HEURISTIC"),
-            ("do_copy_in_default_stream", "0"),
-        ];
-        assert_eq!(got, want.map(|(k, v)| (k, v.to_string())));
-        let on = CudaOptions {
-            do_copy_in_default_stream: Some(true),
-            ..CudaOptions::default()
-        };
-        assert_eq!(
-            cuda_provider_options(&on),
-            [("do_copy_in_default_stream", "1".to_string())]
-        );
-        assert!(cuda_provider_options(&CudaOptions::default()).is_empty());
     }
 }

@@ -36,7 +36,6 @@ pub fn forward(level: LogLevel, _category: &str, id: &str, location: &str, messa
     }
     match level_of(level, message) {
         Level::TRACE => event!(Level::TRACE),
-        Level::DEBUG => event!(Level::DEBUG),
         Level::INFO => event!(Level::INFO),
         Level::WARN => event!(Level::WARN),
         _ => event!(Level::ERROR),
