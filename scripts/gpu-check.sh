@@ -27,9 +27,13 @@
 #   4. `cargo bench --bench padding`'s binary, once per JSON object in
 #      GPU_BENCH_SETTINGS (`;`-separated, default `{}`: SLUICE_BENCH_SETTINGS),
 #      with GPU_BENCH_VARIANTS as SLUICE_BENCH_VARIANTS; rounds and seconds:
-#      GPU_BENCH_ROUNDS, GPU_BENCH_SECONDS (default 3 and 5).
+#      GPU_BENCH_ROUNDS, GPU_BENCH_SECONDS (default 3 and 5). When `pack` was
+#      given GPU_PACK_BASE_BENCH (another build's padding bench binary, e.g.
+#      the commit before a change), each settings object runs that binary and
+#      this one alternately, GPU_BENCH_PASSES times (default 2), side by side.
 # Results go to OUT_DIR (default $OUT, else .gpu/out): gpu-check.md,
-# sluice.log, bench-N.md, bench-N.log; the rest to stdout.
+# sluice.log, bench.md and bench.log (every bench run appended, each headed
+# by its binary, pass and settings); the rest to stdout.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT="$(pwd -P)"
@@ -55,8 +59,13 @@ for l in sys.stdin:
   cp -L "$ort"/libonnxruntime.so.1.31.1 "$ort"/libonnxruntime_providers_{shared,cuda}.so "$STAGE/pack/ort/"
   strip -o "$STAGE/pack/sluice" target/release/sluice
   strip -o "$STAGE/pack/padding-bench" "$bench"
+  local base=()
+  if [[ -n "${GPU_PACK_BASE_BENCH:-}" ]]; then
+    strip -o "$STAGE/pack/padding-bench-base" "$GPU_PACK_BASE_BENCH"
+    base=(padding-bench-base)
+  fi
   cp model-repository/minilm/model.onnx "$STAGE/pack/minilm.onnx"
-  (cd "$STAGE/pack" && sha256sum ort/* sluice padding-bench minilm.onnx > SHA256SUMS)
+  (cd "$STAGE/pack" && sha256sum ort/* sluice padding-bench "${base[@]}" minilm.onnx > SHA256SUMS)
   log "compressing (xz -9, a few minutes) ..."
   tar -C "$STAGE/pack" -cf - . | xz -9 -T0 | split -b "${part_mib}M" -d - "$STAGE/parts/part-"
   (cd "$STAGE/parts" && sha256sum part-* > ../parts.sha256 && mv ../parts.sha256 .)
@@ -119,17 +128,27 @@ run() {
   echo "warn/error lines in the log: $(grep -ciE ' (warn|error) ' "$out/sluice.log" || true)"
   { grep -iE " (warn|error) " "$out/sluice.log" || true; } | head -20
 
-  local rounds="${GPU_BENCH_ROUNDS:-3}" secs="${GPU_BENCH_SECONDS:-5}" extra i=0
+  local rounds="${GPU_BENCH_ROUNDS:-3}" secs="${GPU_BENCH_SECONDS:-5}" extra bin pass
+  local bins=(padding-bench) passes=1
+  if [[ -x "$RUN/padding-bench-base" ]]; then
+    bins=(padding-bench-base padding-bench) passes="${GPU_BENCH_PASSES:-2}"
+  fi
+  : > "$out/bench.md"; : > "$out/bench.log"
   local IFS=';'
   for extra in ${GPU_BENCH_SETTINGS:-'{}'}; do
-    i=$((i + 1))
-    echo "--- padding bench $i, MiniLM, $rounds rounds of $secs s, settings $extra, variants ${GPU_BENCH_VARIANTS:-none}"
-    SLUICE_BENCH_MODEL="$RUN/minilm.onnx" SLUICE_BENCH_ROUNDS="$rounds" SLUICE_BENCH_SECONDS="$secs" \
-      SLUICE_BENCH_SETTINGS="$extra" SLUICE_BENCH_VARIANTS="${GPU_BENCH_VARIANTS:-}" \
-      timeout 300 "$RUN/padding-bench" --bench > "$out/bench-$i.md" 2> "$out/bench-$i.log" || status=1
-    cat "$out/bench-$i.md"
-    grep -E "raw session|round " "$out/bench-$i.log" || true
+    for pass in $(seq "$passes"); do
+      for bin in "${bins[@]}"; do
+        local head="--- $bin, pass $pass, MiniLM, $rounds rounds of $secs s, settings $extra, variants ${GPU_BENCH_VARIANTS:-none}"
+        echo "$head" | tee -a "$out/bench.md" >> "$out/bench.log"
+        SLUICE_BENCH_MODEL="$RUN/minilm.onnx" SLUICE_BENCH_ROUNDS="$rounds" SLUICE_BENCH_SECONDS="$secs" \
+          SLUICE_BENCH_SETTINGS="$extra" SLUICE_BENCH_VARIANTS="${GPU_BENCH_VARIANTS:-}" \
+          timeout 300 "$RUN/$bin" --bench > "$out/bench-one.md" 2> "$out/bench-one.log" || status=1
+        cat "$out/bench-one.md" >> "$out/bench.md"; cat "$out/bench-one.log" >> "$out/bench.log"
+        echo "$head"; grep -E "^\| " "$out/bench-one.md" || true; grep -E "raw session|round " "$out/bench-one.log" || true
+      done
+    done
   done
+  rm -f "$out/bench-one.md" "$out/bench-one.log"
   return $status
 }
 

@@ -21,7 +21,12 @@
 //!   microseconds until the requests behind it arrive, instead of running as
 //!   a batch of one that the rest then queue behind (with a lone request
 //!   running at once, 21 % of `mlp`'s batches at 64 clients held one row,
-//!   at five times the CPU per row of a full batch).
+//!   at five times the CPU per row of a full batch);
+//! - but a free session never waits while the queue holds requests its
+//!   batch would leave behind (another shape's, or, for a padded model,
+//!   lengths its padding bound leaves out): they need a batch of their own
+//!   anyway, so the session stays busy (work-conserving, as TEI's
+//!   continuous batcher is).
 
 use std::time::{Duration, Instant};
 
@@ -96,7 +101,8 @@ pub fn decide(state: &State, now: Instant, settings: &BatchSettings, cap: Capaci
     let Some(oldest) = state.oldest() else {
         return Decision::Idle;
     };
-    if !settings.batching_enabled() || state.batch_is_full(Limits::of(settings)) {
+    let fill = state.fill(Limits::of(settings));
+    if !settings.batching_enabled() || fill.full {
         return if cap.any() {
             Decision::Flush(Trigger::Size)
         } else {
@@ -120,6 +126,11 @@ pub fn decide(state: &State, now: Instant, settings: &BatchSettings, cap: Capaci
             }
             if now >= deadline {
                 return Decision::Flush(Trigger::Time);
+            }
+            if fill.leaves_behind {
+                // Work is queued that this batch cannot take: a free session
+                // must not idle while it waits (see the module docs).
+                return Decision::Flush(Trigger::Adaptive);
             }
             match state.next_arrival_expected() {
                 Some(expected) if expected <= deadline => {
@@ -291,6 +302,38 @@ mod tests {
             q.record_run(Duration::from_micros(200));
         }
         assert_eq!(decide(&q, lone, &s, FREE), Decision::Flush(Trigger::Adaptive));
+    }
+
+    #[test]
+    fn a_free_session_never_waits_while_work_is_left_behind() {
+        // As above, a burst is arriving (expected in 60 µs, worth a wait),
+        // but a request of another shape waits too: it needs its own batch,
+        // so this one runs now and the session stays busy.
+        let t0 = Instant::now();
+        let s = settings(BatchPolicyKind::Adaptive, 64, 2);
+        let mut q = State::new();
+        let mut keep = Vec::new();
+        for i in 0..20 {
+            let (e, r) = entry(1, 2, t0 + Duration::from_micros(10 * i));
+            keep.push(r);
+            q.push(e);
+        }
+        let _ran = q.take_batch(Limits::rows(64));
+        q.record_run(Duration::from_millis(2));
+        let lone = t0 + Duration::from_micros(190 + 1000);
+        let (e, r) = entry(1, 2, lone);
+        keep.push(r);
+        q.push(e);
+        assert!(matches!(decide(&q, lone, &s, FREE), Decision::Wait(_)));
+        let (other, r) = entry(1, 3, lone);
+        keep.push(r);
+        q.push(other);
+        assert_eq!(decide(&q, lone, &s, FREE), Decision::Flush(Trigger::Adaptive));
+        // With every session busy, both keep collecting.
+        assert_eq!(decide(&q, lone, &s, BUSY), Decision::Idle);
+        // The fixed policy still waits its max_batch_time.
+        let fixed = settings(BatchPolicyKind::Fixed, 64, 2);
+        assert!(matches!(decide(&q, lone, &fixed, FREE), Decision::Wait(_)));
     }
 
     #[test]

@@ -146,6 +146,18 @@ impl Limits {
     }
 }
 
+/// The oldest entry's batch, were it formed now (see [`State::fill`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Fill {
+    /// It cannot grow: it has `max_rows` rows (counting every entry of its
+    /// key, as without padding), or, for a padded model, the next entry that
+    /// may join it does not fit its rows or tokens.
+    pub full: bool,
+    /// Some waiting entries would not be in it: another key's, ones past its
+    /// rows or tokens, or, for a padded model, ones its padding bound leaves out.
+    pub leaves_behind: bool,
+}
+
 /// Why an entry left the queue without running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dropped {
@@ -209,27 +221,28 @@ impl State {
         self.entries.front().map(|e| e.arrival)
     }
 
-    /// True when the oldest entry's batch cannot grow: it has `max_rows`
-    /// rows (counting every entry of its key, as without padding), or, for a
-    /// padded model, the next entry that may join it does not fit its rows or tokens.
-    pub fn batch_is_full(&self, limits: Limits) -> bool {
-        match self.entries.front() {
-            None => false,
-            Some(first) if first.lengths.is_empty() => self.batchable_rows() >= limits.max_rows,
-            Some(_) => select::pick(&self.entries, limits).full,
-        }
-    }
-
-    /// Rows of the entries that would join the oldest entry's batch (without padding).
-    pub fn batchable_rows(&self) -> usize {
+    /// The oldest entry's batch if it closed now: whether it can still grow,
+    /// and whether waiting entries would be left behind.
+    pub fn fill(&self, limits: Limits) -> Fill {
         let Some(first) = self.entries.front() else {
-            return 0;
+            return Fill::default();
         };
-        self.entries
-            .iter()
-            .filter(|e| e.key == first.key)
-            .map(|e| e.rows)
-            .sum()
+        if first.lengths.is_empty() {
+            let (rows, joining) = self
+                .entries
+                .iter()
+                .filter(|e| e.key == first.key)
+                .fold((0, 0), |(r, n), e| (r + e.rows, n + 1));
+            return Fill {
+                full: rows >= limits.max_rows,
+                leaves_behind: joining < self.entries.len() || rows > limits.max_rows,
+            };
+        }
+        let pick = select::pick(&self.entries, limits);
+        Fill {
+            full: pick.full,
+            leaves_behind: pick.indices.len() < self.entries.len(),
+        }
     }
 
     /// Records how long a finished batch took to run.
@@ -424,13 +437,17 @@ pub(crate) mod tests {
         s.push(a);
         s.push(b);
         s.push(c);
-        assert_eq!(s.batchable_rows(), 2);
+        // Two of 32 rows: not full, but the 5-wide one would be left behind.
+        let fill = s.fill(Limits::rows(32));
+        assert_eq!((fill.full, fill.leaves_behind), (false, true));
+        assert_eq!(s.fill(Limits::rows(2)).full, true);
         let first = s.take_batch(Limits::rows(32));
         assert_eq!(first.len(), 2);
         assert!(first.iter().all(|e| e.key == vec![vec![4]]));
         let second = s.take_batch(Limits::rows(32));
         assert_eq!(second.len(), 1);
         assert_eq!(second[0].key, vec![vec![5]]);
+        assert_eq!(s.fill(Limits::rows(32)), Fill::default());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! [`State`], asks [`decide`] what to do, forms batches, and hands each to
 //! the pool (on a task of its own unless the batch ran inline at once). It
 //! exits once every [`Batcher`] handle is gone and the queue has drained
-//! (every accepted request answered).
+//! (every accepted request has run; batch tasks send the last answers).
 //!
 //! [`Batcher`]: super::Batcher
 
@@ -45,7 +45,8 @@ pub(super) struct Shared {
     pub stats: Arc<ModelStats>,
     /// How requests of different lengths are padded into one batch (`None`: they never are).
     pub padding: Option<Arc<Padding>>,
-    /// Finished batches: their run times, pushed by batch tasks (see
+    /// Batches whose session is free again: their run times, pushed by
+    /// batch tasks as the run ends, before the answers are cut and sent (see
     /// [`batch_done`]), taken by the batching task before each decision.
     pub finished: Mutex<Vec<Duration>>,
     /// Set by the batching task while it waits with nothing queued (open,
@@ -100,6 +101,7 @@ pub(super) async fn batching_task(
 ) {
     let mut state = State::new();
     let instances = shared.workers.instances();
+    // Batches dispatched whose session has not finished running them.
     let mut in_flight = 0usize;
     let mut open = true;
     // Set by `Batcher::retire` (the model is unloading or was replaced): no
@@ -255,16 +257,13 @@ fn dispatch(shared: &Arc<Shared>, mut batch: Vec<Entry>, trigger: Trigger) {
         // Ends the entry's `queue` span: its batch has formed.
         e.queue_span = tracing::Span::none();
     }
-    // Reports the batch done however it ends: answered, panicked, or
-    // dropped at shutdown (a panic used to leave it counted in flight).
-    let done = Done {
+    // Reports the batch done however it ends: its session freed, panicked,
+    // or dropped at shutdown (a panic used to leave it counted in flight).
+    let mut done = Done {
         shared: shared.clone(),
-        took: Duration::ZERO,
+        reported: false,
     };
-    let mut run = Box::pin(async move {
-        let mut done = done;
-        done.took = run_batch(&done.shared, batch).await;
-    });
+    let mut run = Box::pin(async move { run_batch(&mut done, batch).await });
     // A fast model's small batch often runs inline and is done at its first
     // poll: then no task is spawned for it (spread over 100 models, one
     // request per batch: 65.7 -> 62.1 us of CPU per request, every one of
@@ -282,27 +281,44 @@ fn dispatch(shared: &Arc<Shared>, mut batch: Vec<Entry>, trigger: Trigger) {
     }
 }
 
-/// Calls [`batch_done`] when dropped: with the run time once the batch ran.
+/// Calls [`batch_done`] once per batch: when its session is free again
+/// ([`Done::session_free`]), or, failing that, when dropped (the batch
+/// failed, panicked, or was dropped at shutdown) with a zero run time.
 struct Done {
     shared: Arc<Shared>,
-    took: Duration,
+    reported: bool,
+}
+
+impl Done {
+    /// The batch's session finished its run in `took`: the batching task may
+    /// hand it the next batch while this one's answers are still being cut
+    /// and sent (for MiniLM's 26-sequence batches, megabytes of copies).
+    fn session_free(&mut self, took: Duration) {
+        if !std::mem::replace(&mut self.reported, true) {
+            batch_done(&self.shared, took);
+        }
+    }
 }
 
 impl Drop for Done {
     fn drop(&mut self) {
-        batch_done(&self.shared, self.took);
+        self.session_free(Duration::ZERO);
     }
 }
 
 /// Runs one batch and answers each entry with its own rows. A batch that
 /// fails inside ONNX Runtime is retried entry by entry, so that one bad
-/// request fails alone. Returns the session's run time (zero if it failed).
-async fn run_batch(shared: &Shared, mut batch: Vec<Entry>) -> Duration {
+/// request fails alone; its session is reported free after the retries.
+async fn run_batch(done: &mut Done, mut batch: Vec<Entry>) {
+    let shared = Arc::clone(&done.shared);
+    let shared = &*shared;
     let batch_id = next_batch_id();
     // Ends when this function returns: every entry has been answered.
     let span = telemetry::batch_span(&shared.model, &batch_id, batch.iter().map(|e| (&e.span, e.rows)));
     let result = run(shared, &mut batch).instrument(span.clone()).await;
-    let took = result.as_ref().map_or(Duration::ZERO, |ran| ran.times.infer);
+    if let Ok(ran) = &result {
+        done.session_free(ran.times.infer);
+    }
     match result {
         Ok(Ran { outputs, times }) if batch.len() == 1 => {
             let e = batch.pop().expect("one entry");
@@ -351,7 +367,6 @@ async fn run_batch(shared: &Shared, mut batch: Vec<Entry>) -> Duration {
             }
         }
     }
-    took
 }
 
 /// A batch that ran: every output of the model for all its rows, and how

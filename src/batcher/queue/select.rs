@@ -145,7 +145,7 @@ mod tests {
 
     use tokio::sync::oneshot;
 
-    use super::super::{EntryResult, State};
+    use super::super::{EntryResult, Fill, State};
     use super::*;
     use crate::tensor::{Tensor, TensorData};
 
@@ -186,6 +186,9 @@ mod tests {
     fn lengths_mix_within_the_padding_bound() {
         // 10 with 9, 8 and 12: padded to 12, 48 tokens of which 9 padding (19%).
         let (mut s, _k) = queue(&[(1, 10), (1, 100), (1, 9), (1, 12), (1, 8), (1, 2)]);
+        // Room for more rows, but the padding bound leaves the 100 and the 2 out.
+        let fill = s.fill(limits(32, None, 0.25));
+        assert_eq!((fill.full, fill.leaves_behind), (false, true));
         let b = s.take_batch(limits(32, None, 0.25));
         assert_eq!(lengths(&b), vec![10, 9, 12, 8]);
         // The 100 cannot join the 2 (98% padding): each runs alone.
@@ -198,7 +201,7 @@ mod tests {
     fn the_oldest_runs_even_when_longer_than_every_bound() {
         let (mut s, _k) = queue(&[(4, 500), (1, 500)]);
         let l = limits(32, Some(1000), 0.1);
-        assert!(s.batch_is_full(l));
+        assert!(s.fill(l).full);
         let b = s.take_batch(l);
         assert_eq!(b.iter().map(|e| e.rows).collect::<Vec<_>>(), vec![4]);
     }
@@ -207,12 +210,12 @@ mod tests {
     fn rows_and_tokens_bound_the_batch() {
         let (s, _k) = queue(&[(3, 16), (3, 16), (3, 16)]);
         assert_eq!(pick(&s.entries, limits(8, None, 0.0)).indices, vec![0, 1]);
-        assert!(s.batch_is_full(limits(8, None, 0.0)));
+        assert!(s.fill(limits(8, None, 0.0)).full);
         // 6 rows × 16 = 96 tokens fit 100; 9 × 16 do not.
         let p = pick(&s.entries, limits(32, Some(100), 0.0));
         assert_eq!((p.indices, p.full), (vec![0, 1], true));
         // Not full: the third fits.
-        assert!(!s.batch_is_full(limits(32, Some(200), 0.0)));
+        assert_eq!(s.fill(limits(32, Some(200), 0.0)), Fill::default());
     }
 
     #[test]
