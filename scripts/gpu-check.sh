@@ -23,7 +23,8 @@
 #   2. scripts/gpu_check.py: answers against CPU ONNX Runtime on each request
 #      alone, batches in /metrics, and each model's device bytes against
 #      nvidia-smi.
-#   3. SIGTERM; sluice must exit 0.
+#   3. SIGTERM; sluice must exit 0. Then GPU_EXIT_CYCLES (default 3) more
+#      start / answer / SIGTERM cycles, each of which must exit 0.
 #   4. `cargo bench --bench padding`'s binary, once per JSON object in
 #      GPU_BENCH_SETTINGS (`;`-separated, default `{}`: SLUICE_BENCH_SETTINGS),
 #      with GPU_BENCH_VARIANTS as SLUICE_BENCH_VARIANTS; rounds and seconds:
@@ -128,6 +129,23 @@ run() {
   echo "warn/error lines in the log: $(grep -ciE ' (warn|error) ' "$out/sluice.log" || true)"
   { grep -iE " (warn|error) " "$out/sluice.log" || true; } | head -20
 
+  # Clean exits: start on the GPU, answer, SIGTERM, exit 0, GPU_EXIT_CYCLES times.
+  local cycle
+  for ((cycle = 1; cycle <= ${GPU_EXIT_CYCLES:-3}; cycle++)); do
+    "$RUN/sluice" serve --model-repository "$repo" --http-port $port --grpc-port 18081 \
+      --host 127.0.0.1 --onnxruntime-library "$ORT_DYLIB_PATH" > "$out/exit.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 300); do
+      curl -sf "http://127.0.0.1:$port/v2/health/ready" > /dev/null && break; sleep 0.1
+    done
+    curl -sf -XPOST "http://127.0.0.1:$port/v2/models/digits/infer" -o /dev/null \
+      -d "{\"inputs\":[{\"name\":\"input\",\"shape\":[1,64],\"datatype\":\"FP32\",\"data\":[$(seq -s, 64 | sed 's/[0-9]\+/0.5/g')]}]}" \
+      || { echo "exit cycle $cycle: no answer"; status=1; }
+    kill -TERM "$pid"; rc=0; wait "$pid" || rc=$?
+    echo "exit cycle $cycle: sluice exited with $rc after SIGTERM"; [[ $rc == 0 ]] || { status=1; tail -3 "$out/exit.log"; }
+  done
+  rm -f "$out/exit.log"
+
   local rounds="${GPU_BENCH_ROUNDS:-3}" secs="${GPU_BENCH_SECONDS:-5}" extra bin pass
   local bins=(padding-bench) passes=1
   if [[ -x "$RUN/padding-bench-base" ]]; then
@@ -136,7 +154,7 @@ run() {
   : > "$out/bench.md"; : > "$out/bench.log"
   local IFS=';'
   for extra in ${GPU_BENCH_SETTINGS:-'{}'}; do
-    for pass in $(seq "$passes"); do
+    for ((pass = 1; pass <= passes; pass++)); do
       for bin in "${bins[@]}"; do
         local head="--- $bin, pass $pass, MiniLM, $rounds rounds of $secs s, settings $extra, variants ${GPU_BENCH_VARIANTS:-none}"
         echo "$head" | tee -a "$out/bench.md" >> "$out/bench.log"

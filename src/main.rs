@@ -33,6 +33,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -274,6 +275,16 @@ fn serve(file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
     // The runtime has stopped: every request span has ended. Send what the
     // exporter still holds before the process exits.
     drop(tokio);
+    // With the runtime gone, so are the models: their session threads drop
+    // their sessions and exit. A CUDA session must be gone before the
+    // process tears down its libraries.
+    let running = sluice::pool::wait_for_session_threads(Duration::from_secs(10));
+    if running > 0 {
+        tracing::warn!(
+            running,
+            "session threads still running 10 s after shutdown; exiting anyway"
+        );
+    }
     if let Some(exporter) = exporter {
         exporter.shutdown();
     }

@@ -20,7 +20,7 @@ use super::{Batcher, Msg};
 use crate::batcher::stats::{BatchTimes, ModelStats};
 use crate::error::Error;
 use crate::metrics;
-use crate::pool::{ModelWorkers, RunError};
+use crate::pool::{ModelWorkers, RunError, SessionFreed};
 use crate::runtime::RuntimeError;
 use crate::settings::BatchSettings;
 use crate::telemetry;
@@ -259,11 +259,11 @@ fn dispatch(shared: &Arc<Shared>, mut batch: Vec<Entry>, trigger: Trigger) {
     }
     // Reports the batch done however it ends: its session freed, panicked,
     // or dropped at shutdown (a panic used to leave it counted in flight).
-    let mut done = Done {
+    let done = Arc::new(Done {
         shared: shared.clone(),
-        reported: false,
-    };
-    let mut run = Box::pin(async move { run_batch(&mut done, batch).await });
+        reported: AtomicBool::new(false),
+    });
+    let mut run = Box::pin(run_batch(done, batch));
     // A fast model's small batch often runs inline and is done at its first
     // poll: then no task is spawned for it (spread over 100 models, one
     // request per batch: 65.7 -> 62.1 us of CPU per request, every one of
@@ -282,19 +282,20 @@ fn dispatch(shared: &Arc<Shared>, mut batch: Vec<Entry>, trigger: Trigger) {
 }
 
 /// Calls [`batch_done`] once per batch: when its session is free again
-/// ([`Done::session_free`]), or, failing that, when dropped (the batch
-/// failed, panicked, or was dropped at shutdown) with a zero run time.
+/// (told by the session's thread, see [`SessionFreed`]), or, failing that,
+/// when the last reference is dropped (the batch never reached a session,
+/// panicked, or was dropped at shutdown), with a zero run time.
 struct Done {
     shared: Arc<Shared>,
-    reported: bool,
+    reported: AtomicBool,
 }
 
-impl Done {
+impl SessionFreed for Done {
     /// The batch's session finished its run in `took`: the batching task may
     /// hand it the next batch while this one's answers are still being cut
     /// and sent (for MiniLM's 26-sequence batches, megabytes of copies).
-    fn session_free(&mut self, took: Duration) {
-        if !std::mem::replace(&mut self.reported, true) {
+    fn session_free(&self, took: Duration) {
+        if !self.reported.swap(true, Ordering::AcqRel) {
             batch_done(&self.shared, took);
         }
     }
@@ -308,17 +309,14 @@ impl Drop for Done {
 
 /// Runs one batch and answers each entry with its own rows. A batch that
 /// fails inside ONNX Runtime is retried entry by entry, so that one bad
-/// request fails alone; its session is reported free after the retries.
-async fn run_batch(done: &mut Done, mut batch: Vec<Entry>) {
+/// request fails alone (its session counts as free after the first try).
+async fn run_batch(done: Arc<Done>, mut batch: Vec<Entry>) {
     let shared = Arc::clone(&done.shared);
     let shared = &*shared;
     let batch_id = next_batch_id();
     // Ends when this function returns: every entry has been answered.
     let span = telemetry::batch_span(&shared.model, &batch_id, batch.iter().map(|e| (&e.span, e.rows)));
-    let result = run(shared, &mut batch).instrument(span.clone()).await;
-    if let Ok(ran) = &result {
-        done.session_free(ran.times.infer);
-    }
+    let result = run(shared, &mut batch, Some(done)).instrument(span.clone()).await;
     match result {
         Ok(Ran { outputs, times }) if batch.len() == 1 => {
             let e = batch.pop().expect("one entry");
@@ -354,7 +352,7 @@ async fn run_batch(done: &mut Done, mut batch: Vec<Entry>) {
             tracing::warn!(model = %shared.model, requests = batch.len(), error = %err, "batch failed; retrying its requests one by one");
             for mut e in batch {
                 let id = next_batch_id();
-                let r = run(shared, std::slice::from_mut(&mut e)).await.map(|ran| {
+                let r = run(shared, std::slice::from_mut(&mut e), None).await.map(|ran| {
                     shared.stats.executed(1, e.rows, ran.times);
                     (ran.outputs, id)
                 });
@@ -379,7 +377,7 @@ struct Ran {
 /// Concatenates the entries' inputs (a lone entry's inputs are moved, not
 /// copied: it is never retried), runs them, and checks that every output
 /// has one row per input row.
-async fn run(shared: &Shared, batch: &mut [Entry]) -> Result<Ran, Error> {
+async fn run(shared: &Shared, batch: &mut [Entry], on_free: Option<Arc<Done>>) -> Result<Ran, Error> {
     let rows: usize = batch.iter().map(|e| e.rows).sum();
     let concat = Instant::now();
     // A padded model's batch is padded to its longest entry in each padded dim.
@@ -406,7 +404,13 @@ async fn run(shared: &Shared, batch: &mut [Entry]) -> Result<Ran, Error> {
     let lone = batch.len() == 1;
     let result = shared
         .workers
-        .run(inputs, shared.outputs.clone(), deadline, lone)
+        .run(
+            inputs,
+            shared.outputs.clone(),
+            deadline,
+            lone,
+            on_free.map(|d| d as Arc<dyn SessionFreed>),
+        )
         .await;
     let model = shared.model.to_string();
     match result {

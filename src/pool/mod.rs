@@ -18,7 +18,7 @@ mod handoff;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -92,6 +92,15 @@ impl Pool {
     }
 }
 
+/// Told, on the thread that ran a batch, that its session is free again:
+/// after the run and after the batch's slots are released, before its
+/// outputs go back to the caller. The batcher forms its next batch then,
+/// instead of after the caller's task has woken and answered this one.
+pub trait SessionFreed: Send + Sync {
+    /// `took`: the run's duration (zero when the batch did not run).
+    fn session_free(&self, took: Duration);
+}
+
 /// One batch on its way to a session thread.
 struct Job {
     inputs: Vec<Tensor>,
@@ -109,7 +118,9 @@ struct Job {
     /// waiting at the device, often another model's, before this model's
     /// next batch, woken by the session slot, can queue for it there with
     /// its older requests and take it again.
-    _slots: (DevicePermit, OwnedSemaphorePermit),
+    slots: (DevicePermit, OwnedSemaphorePermit),
+    /// Told once the run is over and the slots are released.
+    on_free: Option<Arc<dyn SessionFreed>>,
 }
 
 /// One session. Locked by its session thread for each job, and by a batch
@@ -165,6 +176,60 @@ pub struct ModelWorkers {
     _threads: Vec<JoinHandle<()>>,
 }
 
+/// Session threads alive, process-wide. Each owns its session until it
+/// exits, and the process waits for them before it exits
+/// ([`wait_for_session_threads`]): a CUDA session still being destroyed
+/// while the process tore down its libraries crashed sluice after a clean
+/// shutdown on the H200 (SIGSEGV after "sluice stopped", once in four runs).
+static LIVE_THREADS: LiveThreads = LiveThreads {
+    count: Mutex::new(0),
+    exited: Condvar::new(),
+};
+
+struct LiveThreads {
+    /// Session threads spawned and not yet exited.
+    count: Mutex<usize>,
+    /// Notified by each session thread as it exits; `wait_for_session_threads` waits.
+    exited: Condvar,
+}
+
+impl LiveThreads {
+    fn count(&self) -> MutexGuard<'_, usize> {
+        self.count.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Counts one session thread from before it is spawned until it exits
+/// (after its session is dropped), a panic included.
+struct LiveThread;
+
+impl LiveThread {
+    fn new() -> LiveThread {
+        *LIVE_THREADS.count() += 1;
+        LiveThread
+    }
+}
+
+impl Drop for LiveThread {
+    fn drop(&mut self) {
+        *LIVE_THREADS.count() -= 1;
+        LIVE_THREADS.exited.notify_all();
+    }
+}
+
+/// Waits until every session thread has exited and dropped its session
+/// (their models are gone once the server has stopped), for at most
+/// `limit`. Returns how many are still running. Called by `sluice serve`
+/// before the process exits.
+pub fn wait_for_session_threads(limit: Duration) -> usize {
+    let count = LIVE_THREADS.count();
+    let (count, _) = LIVE_THREADS
+        .exited
+        .wait_timeout_while(count, limit, |n| *n > 0)
+        .unwrap_or_else(|e| e.into_inner());
+    *count
+}
+
 /// A warm-up outcome of one session.
 pub type WarmupResult = Result<(), String>;
 
@@ -217,12 +282,17 @@ impl ModelWorkers {
                 warmed.push(warm_rx);
                 let (warmup, outputs) = (warmup.clone(), outputs.clone());
                 let span = tracing::info_span!("session", model = %model, instance, device = %device);
+                let live = LiveThread::new();
                 let t = std::thread::Builder::new()
                     .name(format!("sluice-s{instance}-{model}").chars().take(15).collect())
                     .spawn(move || {
+                        let _live = live;
                         let _g = span.enter();
                         let _ = warm_tx.send(warm_up(lock(&session).as_mut(), &warmup, &outputs));
                         session_loop(&session, rx, &runs);
+                        // Usually the last reference: the session goes
+                        // before this thread counts as exited.
+                        drop(session);
                     })
                     .expect("cannot spawn a session thread");
                 threads.push(t);
@@ -269,11 +339,15 @@ impl ModelWorkers {
         outputs: Vec<String>,
         deadline: Instant,
         lone: bool,
+        on_free: Option<Arc<dyn SessionFreed>>,
     ) -> Result<(Vec<Tensor>, Duration), RunError> {
         let i = self.next_group.fetch_add(1, Ordering::Relaxed) % self.groups.len();
         let group = &self.groups[i];
         if lone && is_fast(&self.last_run_ns) {
             if let Some(ran) = self.run_inline(group, &inputs, &outputs, deadline) {
+                if let Some(f) = on_free {
+                    f.session_free(ran.as_ref().map_or(Duration::ZERO, |(_, took)| *took));
+                }
                 return ran;
             }
         }
@@ -301,7 +375,8 @@ impl ModelWorkers {
                     reply,
                     sessions,
                     last_run_ns,
-                    _slots: (device, session),
+                    slots: (device, session),
+                    on_free,
                 };
                 let job = match fast {
                     true => handoff::offer(job),
@@ -419,7 +494,17 @@ fn run_job(job: Job, session: Option<&SharedSession>, runs: &Runs) {
         &job.last_run_ns,
     );
     drop(locked);
-    let _ = job.reply.send(result);
+    let Job {
+        reply,
+        slots,
+        on_free,
+        ..
+    } = job;
+    drop(slots);
+    if let Some(f) = on_free {
+        f.session_free(result.as_ref().map_or(Duration::ZERO, |(_, took)| *took));
+    }
+    let _ = reply.send(result);
 }
 
 /// The message of a caught panic.

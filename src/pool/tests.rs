@@ -46,7 +46,11 @@ async fn b_waits_behind_a(
     // `a` runs and holds the device until the gate opens.
     let run_a = tokio::spawn({
         let a = a.clone();
-        async move { a.run(Vec::new(), Vec::new(), later, false).await.map(|_| ()) }
+        async move {
+            a.run(Vec::new(), Vec::new(), later, false, None)
+                .await
+                .map(|_| ())
+        }
     });
     while seen_a.lock().unwrap().is_empty() {
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -54,7 +58,11 @@ async fn b_waits_behind_a(
     // `b`'s batch waits for the device.
     let run_b = tokio::spawn({
         let b = b.clone();
-        async move { b.run(Vec::new(), Vec::new(), later, false).await.map(|_| ()) }
+        async move {
+            b.run(Vec::new(), Vec::new(), later, false, None)
+                .await
+                .map(|_| ())
+        }
     });
     let device = pool.scheduler(Device::Cpu);
     while device.waiting() == 0 {
@@ -105,7 +113,7 @@ async fn a_handed_over_batch_that_panics_leaves_the_thread_serving() {
     );
     let later = Instant::now() + Duration::from_secs(10);
     // `a`'s gate has no sender left: its run returns at once.
-    a.run(Vec::new(), Vec::new(), later, false).await.unwrap();
+    a.run(Vec::new(), Vec::new(), later, false, None).await.unwrap();
 }
 
 fn workers(delay: Duration) -> (ModelWorkers, Arc<Mutex<Vec<String>>>) {
@@ -122,19 +130,17 @@ async fn a_lone_batch_of_a_fast_model_runs_inline_and_the_rest_on_the_session_th
     let later = || Instant::now() + Duration::from_secs(10);
     let here = std::thread::current().name().unwrap_or("").to_string();
     // No run yet: the first goes to the session thread.
-    w.run(Vec::new(), Vec::new(), later(), true).await.unwrap();
+    w.run(Vec::new(), Vec::new(), later(), true, None).await.unwrap();
     // How long a run takes depends on the machine: set it, so that the
     // model counts as fast whatever this one took.
     let fast = || w.last_run_ns.store(1_000, Ordering::Relaxed);
     fast();
-    w.run(Vec::new(), Vec::new(), later(), false).await.unwrap();
-    // The session thread answers, then frees the session and the
-    // device: inline runs need both free, so wait until it has.
-    while w.groups[0].sessions.available_permits() == 0 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    w.run(Vec::new(), Vec::new(), later(), false, None).await.unwrap();
+    // The session thread frees the session and the device before it
+    // answers: the next batch need not wait for this one's caller.
+    assert_eq!(w.groups[0].sessions.available_permits(), 1);
     fast();
-    w.run(Vec::new(), Vec::new(), later(), true).await.unwrap();
+    w.run(Vec::new(), Vec::new(), later(), true, None).await.unwrap();
     let threads = seen.lock().unwrap().clone();
     assert!(
         threads[0].starts_with("sluice-s0") && threads[1].starts_with("sluice-s0"),
@@ -143,7 +149,7 @@ async fn a_lone_batch_of_a_fast_model_runs_inline_and_the_rest_on_the_session_th
     assert_eq!(threads[2], here, "{threads:?}");
     // Inline runs keep the session thread's checks.
     fast();
-    let passed = w.run(Vec::new(), Vec::new(), Instant::now(), true).await;
+    let passed = w.run(Vec::new(), Vec::new(), Instant::now(), true, None).await;
     assert!(matches!(passed, Err(RunError::Expired)), "{passed:?}");
 }
 
@@ -156,6 +162,7 @@ async fn a_slow_model_never_runs_inline() {
             Vec::new(),
             Instant::now() + Duration::from_secs(10),
             true,
+            None,
         )
         .await
         .unwrap();
@@ -164,4 +171,42 @@ async fn a_slow_model_never_runs_inline() {
     assert!(threads.iter().all(|t| t.starts_with("sluice-s0")), "{threads:?}");
     // Every run records its time: a sleep of twice the limit is never shorter.
     assert!(w.last_run_ns.load(Ordering::Relaxed) >= INLINE_RUN_LIMIT.as_nanos() as u64 * 2);
+}
+
+/// Records each `session_free` call: the thread, the run time, and whether
+/// the batch's session permit was already back.
+struct Freed(Arc<Semaphore>, Mutex<Vec<(String, Duration, usize)>>);
+
+impl SessionFreed for Freed {
+    fn session_free(&self, took: Duration) {
+        let name = std::thread::current().name().unwrap_or("").to_string();
+        self.1
+            .lock()
+            .unwrap()
+            .push((name, took, self.0.available_permits()));
+    }
+}
+
+#[tokio::test]
+async fn the_session_is_reported_free_once_on_the_thread_that_ran_it_with_its_slot_released() {
+    let delay = Duration::from_millis(2);
+    let (w, _) = workers(delay);
+    let freed = Arc::new(Freed(w.groups[0].sessions.clone(), Mutex::new(Vec::new())));
+    let later = Instant::now() + Duration::from_secs(10);
+    let (_, took) = w
+        .run(Vec::new(), Vec::new(), later, false, Some(freed.clone()))
+        .await
+        .unwrap();
+    let calls = freed.1.lock().unwrap().clone();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let (thread, reported, permits) = &calls[0];
+    assert!(thread.starts_with("sluice-s0"), "{calls:?}");
+    assert_eq!((*reported, *permits), (took, 1));
+    assert!(took >= delay);
+    // A batch that is not run (its deadline passed) frees its session too, at zero.
+    let passed = w
+        .run(Vec::new(), Vec::new(), Instant::now(), false, Some(freed.clone()))
+        .await;
+    assert!(matches!(passed, Err(RunError::Expired)), "{passed:?}");
+    assert_eq!(freed.1.lock().unwrap()[1].1, Duration::ZERO);
 }
