@@ -440,7 +440,7 @@ pub(crate) mod tests {
         // Two of 32 rows: not full, but the 5-wide one would be left behind.
         let fill = s.fill(Limits::rows(32));
         assert_eq!((fill.full, fill.leaves_behind), (false, true));
-        assert_eq!(s.fill(Limits::rows(2)).full, true);
+        assert!(s.fill(Limits::rows(2)).full);
         let first = s.take_batch(Limits::rows(32));
         assert_eq!(first.len(), 2);
         assert!(first.iter().all(|e| e.key == vec![vec![4]]));
