@@ -88,7 +88,7 @@ pub struct RuntimeConfig {
     pub onnxruntime_library: Option<PathBuf>,
     /// Let ONNX Runtime's intra-op threads spin while waiting for work.
     pub intra_op_spinning: bool,
-    /// Instances of one model share one copy of their prepacked weights.
+    /// CPU instances of one model share one copy of their weights and prepacked weights (CUDA sessions never do).
     pub share_weights: bool,
 }
 

@@ -167,14 +167,21 @@ impl OnnxRuntime {
         let mut builder = self.builder(settings).map_err(|e| e.to_string())?;
         // Instances of one model share one copy of their weights, and of
         // the prepacked form ONNX Runtime derives from them.
-        if let Some(weights) = &shared.weights {
+        // On a GPU each session keeps its weights in device memory: ONNX
+        // Runtime cannot use host initializers there (it says so once per
+        // initializer, at WARN), so only CPU sessions share.
+        let (weights, prepacked) = match device {
+            Device::Cpu => shared.get(),
+            Device::Cuda(_) => (None, None),
+        };
+        if let Some(weights) = weights {
             for (name, value) in &weights.values {
                 builder = builder
                     .with_initializer(name, value.clone())
                     .map_err(|e| ort::Error::<()>::from(e).to_string())?;
             }
         }
-        if let Some(prepacked) = &shared.prepacked {
+        if let Some(prepacked) = prepacked {
             builder = builder
                 .with_prepacked_weights(prepacked)
                 .map_err(|e| ort::Error::<()>::from(e).to_string())?;
@@ -341,21 +348,39 @@ fn signature_of(session: &ort::session::Session) -> Result<Signature, String> {
     Ok(Signature { inputs, outputs })
 }
 
-/// What the instances of one model share (nothing when it has one instance).
-struct Sharing {
-    weights: Option<super::weights::SharedWeights>,
-    prepacked: Option<PrepackedWeights>,
+/// What the CPU instances of one model share (nothing when it has one
+/// instance): read from the file when the first CPU session is built.
+struct Sharing<'a> {
+    model: &'a str,
+    path: &'a Path,
+    instances: usize,
+    enabled: bool,
+    loaded: std::sync::OnceLock<(Option<super::weights::SharedWeights>, Option<PrepackedWeights>)>,
 }
 
-impl Sharing {
-    fn new(model: &str, path: &Path, instances: usize, enabled: bool) -> Sharing {
-        if !enabled || instances < 2 {
-            return Sharing {
-                weights: None,
-                prepacked: None,
-            };
+impl<'a> Sharing<'a> {
+    fn new(model: &'a str, path: &'a Path, instances: usize, enabled: bool) -> Sharing<'a> {
+        Sharing {
+            model,
+            path,
+            instances,
+            enabled,
+            loaded: std::sync::OnceLock::new(),
         }
-        let weights = match super::weights::load(path) {
+    }
+
+    /// The shared weights and prepacked store (loaded on the first call).
+    fn get(&self) -> (Option<&super::weights::SharedWeights>, Option<&PrepackedWeights>) {
+        let (weights, prepacked) = self.loaded.get_or_init(|| self.load());
+        (weights.as_ref(), prepacked.as_ref())
+    }
+
+    fn load(&self) -> (Option<super::weights::SharedWeights>, Option<PrepackedWeights>) {
+        let (model, instances) = (self.model, self.instances);
+        if !self.enabled || instances < 2 {
+            return (None, None);
+        }
+        let weights = match super::weights::load(self.path) {
             Ok(w) => {
                 tracing::info!(
                     model,
@@ -372,10 +397,7 @@ impl Sharing {
                 None
             }
         };
-        Sharing {
-            weights,
-            prepacked: Some(PrepackedWeights::new()),
-        }
+        (weights, Some(PrepackedWeights::new()))
     }
 }
 
