@@ -160,6 +160,8 @@ pub fn decide(state: &State, now: Instant, settings: &BatchSettings, cap: Capaci
 mod tests {
     use super::*;
     use crate::batcher::queue::tests::entry;
+    use crate::batcher::queue::EntryResult;
+    use tokio::sync::oneshot;
 
     fn settings(policy: BatchPolicyKind, max: usize, wait_ms: u64) -> BatchSettings {
         BatchSettings {
@@ -265,12 +267,11 @@ mod tests {
         );
     }
 
-    #[test]
-    fn under_load_a_lone_request_waits_for_the_burst_behind_it() {
-        // A batch of 20 requests 10 µs apart ran (2 ms); 1 ms after the
-        // last of them, the first request of the next burst arrives alone.
+    /// A batch of 20 requests 10 µs apart ran (2 ms); 1 ms after the last
+    /// of them, the first request of the next burst arrives alone. Gives
+    /// the queue, its arrival, and the receivers to keep.
+    fn after_a_burst() -> (State, Instant, Vec<oneshot::Receiver<EntryResult>>) {
         let t0 = Instant::now();
-        let s = settings(BatchPolicyKind::Adaptive, 64, 2);
         let mut q = State::new();
         let mut keep = Vec::new();
         for i in 0..20 {
@@ -284,6 +285,13 @@ mod tests {
         let (e, r) = entry(1, 2, lone);
         keep.push(r);
         q.push(e);
+        (q, lone, keep)
+    }
+
+    #[test]
+    fn under_load_a_lone_request_waits_for_the_burst_behind_it() {
+        let s = settings(BatchPolicyKind::Adaptive, 64, 2);
+        let (mut q, lone, _keep) = after_a_burst();
         // Mean gap (1 ms + 19 × 10 µs) / 20 = 59.5 µs: expect the next at
         // +59.5 µs, wait until twice that, well under a quarter of the 2 ms run.
         assert_eq!(
@@ -309,21 +317,8 @@ mod tests {
         // As above, a burst is arriving (expected in 60 µs, worth a wait),
         // but a request of another shape waits too: it needs its own batch,
         // so this one runs now and the session stays busy.
-        let t0 = Instant::now();
         let s = settings(BatchPolicyKind::Adaptive, 64, 2);
-        let mut q = State::new();
-        let mut keep = Vec::new();
-        for i in 0..20 {
-            let (e, r) = entry(1, 2, t0 + Duration::from_micros(10 * i));
-            keep.push(r);
-            q.push(e);
-        }
-        let _ran = q.take_batch(Limits::rows(64));
-        q.record_run(Duration::from_millis(2));
-        let lone = t0 + Duration::from_micros(190 + 1000);
-        let (e, r) = entry(1, 2, lone);
-        keep.push(r);
-        q.push(e);
+        let (mut q, lone, mut keep) = after_a_burst();
         assert!(matches!(decide(&q, lone, &s, FREE), Decision::Wait(_)));
         let (other, r) = entry(1, 3, lone);
         keep.push(r);
