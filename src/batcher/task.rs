@@ -45,18 +45,20 @@ pub(super) struct Shared {
     pub stats: Arc<ModelStats>,
     /// How requests of different lengths are padded into one batch (`None`: they never are).
     pub padding: Option<Arc<Padding>>,
-    /// Batches whose session is free again: their run times, pushed by
-    /// batch tasks as the run ends, before the answers are cut and sent (see
-    /// [`batch_done`]), taken by the batching task before each decision.
+    /// Batches whose session is free again: their run times, pushed as
+    /// each run ends by the thread that ran it (a session thread, or the
+    /// batching task for an inline run), before the answers are cut and
+    /// sent (see [`batch_done`]); taken by the batching task before each
+    /// decision.
     pub finished: Mutex<Vec<Duration>>,
     /// Set by the batching task while it waits with nothing queued (open,
     /// not draining): no decision of its can change when a batch finishes
-    /// then, so batch tasks do not wake it (the next request does, and it
+    /// then, so finished runs do not wake it (the next request does, and it
     /// takes `finished` first). A lone request's batch thus ends without a
     /// second task to schedule, which made tokio wake the other async worker.
     pub idle: AtomicBool,
     /// Wakes the batching task when a batch finishes and it is not `idle`;
-    /// batch tasks notify, the batching task is the only waiter.
+    /// [`batch_done`] notifies, the batching task is the only waiter.
     pub finish_wake: Notify,
 }
 
@@ -80,8 +82,9 @@ fn next_batch_id() -> Arc<str> {
     format!("{:016x}", NEXT_BATCH.fetch_add(1, Ordering::Relaxed)).into()
 }
 
-/// A batch task's last step: records the run time and wakes the batching
-/// task unless it is `idle`. The fence pairs with the batching task's after
+/// A batch's session is free (called once per batch by [`Done`], on the
+/// thread that ran it): records the run time and wakes the batching task
+/// unless it is `idle`. The fence pairs with the batching task's after
 /// it clears `idle`: either this sees `idle` cleared, or the batching task
 /// sees this run time in `finished`.
 fn batch_done(shared: &Shared, took: Duration) {
