@@ -101,13 +101,17 @@ pub fn decide(state: &State, now: Instant, settings: &BatchSettings, cap: Capaci
     let Some(oldest) = state.oldest() else {
         return Decision::Idle;
     };
+    // A batch that cannot grow runs as soon as a session can take it.
+    let full = match cap.any() {
+        true => Decision::Flush(Trigger::Size),
+        false => Decision::Idle,
+    };
+    if !settings.batching_enabled() {
+        return full;
+    }
     let fill = state.fill(Limits::of(settings));
-    if !settings.batching_enabled() || fill.full {
-        return if cap.any() {
-            Decision::Flush(Trigger::Size)
-        } else {
-            Decision::Idle
-        };
+    if fill.full {
+        return full;
     }
     let deadline = oldest + settings.max_batch_time;
     match settings.policy {

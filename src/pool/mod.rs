@@ -345,9 +345,7 @@ impl ModelWorkers {
         let group = &self.groups[i];
         if lone && is_fast(&self.last_run_ns) {
             if let Some(ran) = self.run_inline(group, &inputs, &outputs, deadline) {
-                if let Some(f) = on_free {
-                    f.session_free(ran.as_ref().map_or(Duration::ZERO, |(_, took)| *took));
-                }
+                report_free(on_free, &ran);
                 return ran;
             }
         }
@@ -501,10 +499,16 @@ fn run_job(job: Job, session: Option<&SharedSession>, runs: &Runs) {
         ..
     } = job;
     drop(slots);
+    report_free(on_free, &result);
+    let _ = reply.send(result);
+}
+
+/// Tells `on_free` (if any) that a batch's session is free, with its run
+/// time (zero when it did not run).
+fn report_free(on_free: Option<Arc<dyn SessionFreed>>, result: &Result<(Vec<Tensor>, Duration), RunError>) {
     if let Some(f) = on_free {
         f.session_free(result.as_ref().map_or(Duration::ZERO, |(_, took)| *took));
     }
-    let _ = reply.send(result);
 }
 
 /// The message of a caught panic.
