@@ -72,60 +72,6 @@ impl FromStr for BatchPolicyKind {
     }
 }
 
-const ARENA: &[(&str, ArenaExtendStrategy)] = &[
-    ("kNextPowerOfTwo", ArenaExtendStrategy::NextPowerOfTwo),
-    ("kSameAsRequested", ArenaExtendStrategy::SameAsRequested),
-];
-const CUDNN: &[(&str, CudnnConvAlgoSearch)] = &[
-    ("EXHAUSTIVE", CudnnConvAlgoSearch::Exhaustive),
-    ("HEURISTIC", CudnnConvAlgoSearch::Heuristic),
-    ("DEFAULT", CudnnConvAlgoSearch::Default),
-];
-
-/// ONNX Runtime's CUDA `arena_extend_strategy`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-pub enum ArenaExtendStrategy {
-    /// Grow the arena by powers of two (`kNextPowerOfTwo`, Triton's `0`).
-    #[serde(rename = "kNextPowerOfTwo")]
-    NextPowerOfTwo,
-    /// Grow the arena by exactly what was requested (`kSameAsRequested`, Triton's `1`).
-    #[serde(rename = "kSameAsRequested")]
-    SameAsRequested,
-}
-
-/// ONNX Runtime's CUDA `cudnn_conv_algo_search`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum CudnnConvAlgoSearch {
-    /// Benchmark every algorithm (`EXHAUSTIVE`, Triton's `0`).
-    Exhaustive,
-    /// Pick by cuDNN's heuristics (`HEURISTIC`, Triton's `1`).
-    Heuristic,
-    /// Use the default algorithm (`DEFAULT`, Triton's `2`).
-    Default,
-}
-
-/// CUDA provider options (the ones Triton's ONNX Runtime backend exposes); `None` = ONNX Runtime's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-pub struct CudaOptions {
-    /// Most bytes the CUDA arena may hold.
-    pub gpu_mem_limit: Option<u64>,
-    /// How the CUDA arena grows.
-    pub arena_extend_strategy: Option<ArenaExtendStrategy>,
-    /// How cuDNN picks convolution algorithms.
-    pub cudnn_conv_algo_search: Option<CudnnConvAlgoSearch>,
-    /// Copy inputs and outputs on the default CUDA stream (passed to ONNX
-    /// Runtime as `do_copy_in_default_stream`).
-    pub do_copy_in_default_stream: Option<bool>,
-}
-
-impl CudaOptions {
-    /// True when no option is set.
-    pub fn is_empty(&self) -> bool {
-        *self == Self::default()
-    }
-}
-
 /// A model's validated batching and queueing settings: the part hot reload applies in place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct BatchSettings {
@@ -342,7 +288,6 @@ const TOP: &str = "name parameters max_batch_size max_batch_time batch_policy ma
                    instances execution_provider device_ids intra_op_threads warmup cuda batcher \
                    padding max_batch_tokens max_padding_ratio inputs outputs implementation parallel_workers warm_workers platform versions cache_enabled";
 const PARAMETERS: &str = "uri version content_type format extra";
-const CUDA: &str = "gpu_mem_limit arena_extend_strategy cudnn_conv_algo_search do_copy_in_default_stream";
 const BATCHER: &str = "maxBatchSize maxLatency timeout";
 const TENSOR: &str = "name datatype shape parameters";
 /// The file name a `model-settings.json` without `parameters.uri` points at.
@@ -466,18 +411,7 @@ impl ModelSettings {
         let warmup = get(top, "warmup").and_then(|v| w.boolean(v, "warmup"));
         let (padding, max_batch_tokens, max_padding_ratio) = w.padding_fields(top);
 
-        let mut cuda = CudaOptions::default();
-        if let Some(c) = get(top, "cuda").and_then(|v| w.object(v, "cuda.", CUDA)) {
-            let bytes = "an integer number of bytes, at least 1";
-            cuda.gpu_mem_limit =
-                get(c, "gpu_mem_limit").and_then(|v| w.int_as(v, "cuda.gpu_mem_limit", 1, u64::MAX, bytes));
-            cuda.arena_extend_strategy = get(c, "arena_extend_strategy")
-                .and_then(|v| w.choice(v, "cuda.arena_extend_strategy", ARENA, true));
-            cuda.cudnn_conv_algo_search = get(c, "cudnn_conv_algo_search")
-                .and_then(|v| w.choice(v, "cuda.cudnn_conv_algo_search", CUDNN, true));
-            cuda.do_copy_in_default_stream = get(c, "do_copy_in_default_stream")
-                .and_then(|v| w.boolean(v, "cuda.do_copy_in_default_stream"));
-        }
+        let cuda = get(top, "cuda").map_or_else(CudaOptions::default, |v| w.cuda_options(v));
         if provider == Some(ExecutionProvider::Cpu) && !cuda.is_empty() {
             w.problems.push(
                 "`cuda` options are set but `execution_provider` is \"cpu\"; remove one of them".into(),
@@ -594,7 +528,10 @@ fn secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64(d.as_secs_f64())
 }
 
+mod cuda;
 mod walk;
+
+pub use cuda::{ArenaExtendStrategy, CudaOptions, CudnnConvAlgoSearch};
 use walk::{describe, get, lookup, Walker};
 
 #[cfg(test)]
