@@ -324,75 +324,18 @@ impl ModelSettings {
             });
         };
 
-        let name = match get(top, "name") {
-            Some(v) => w
-                .string(v, "name", "a string")
-                .and_then(|n| match validate_model_name(n) {
-                    Ok(()) => Some(n.to_owned()),
-                    Err(e) => w.push(format!("`name`: {e}")),
-                }),
-            None => match validate_model_name(folder_name) {
-                Ok(()) => Some(folder_name.to_owned()),
-                Err(e) => w.push(format!(
-                    "`name` is not set and the folder name cannot be used: {e}"
-                )),
-            },
-        };
-
+        let name = w.model_name(top, folder_name);
         let params = get(top, "parameters").and_then(|v| w.object(v, "parameters.", PARAMETERS));
         let uri = match params.and_then(|p| get(p, "uri")) {
             Some(v) => w.string(v, "parameters.uri", "a path").and_then(|s| w.uri(s)),
             None => Some(default_uri.to_path_buf()),
         };
-        let version = params.and_then(|p| get(p, "version")).and_then(|v| {
-            let expected = "1 to 64 characters of [A-Za-z0-9_.-]";
-            let s = w.string(v, "parameters.version", expected)?;
-            let ok = (1..=64).contains(&s.len())
-                && s.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
-            if ok {
-                Some(s.to_owned())
-            } else {
-                w.bad("parameters.version", expected, v)
-            }
-        });
-
-        let batcher = get(top, "batcher").and_then(|v| w.object(v, "batcher.", BATCHER));
-        let kserve = |key: &str| batcher.and_then(|b| get(b, key));
-        let max_batch_size = {
-            let ml = get(top, "max_batch_size").and_then(|v| w.int(v, "max_batch_size", 0, 65536));
-            let ks = kserve("maxBatchSize").and_then(|v| w.int(v, "batcher.maxBatchSize", 0, 65536));
-            w.merge(
-                ("max_batch_size", ml.map(|n| n as f64)),
-                ("batcher.maxBatchSize", ks.map(|n| n as f64)),
-                "",
-            )
-        };
-        let max_batch_time = {
-            let ml = get(top, "max_batch_time").and_then(|v| {
-                w.number(v, "max_batch_time", "a number of seconds between 0 and 60", |x| {
-                    (0.0..=60.0).contains(&x)
-                })
-            });
-            let ks = kserve("maxLatency").and_then(|v| {
-                let expected = "a number of milliseconds between 0 and 60000";
-                w.number(v, "batcher.maxLatency", expected, |x| {
-                    (0.0..=60_000.0).contains(&x)
-                })
-            });
-            w.merge(
-                ("max_batch_time", ml),
-                ("batcher.maxLatency", ks.map(|ms| ms / 1000.0)),
-                " s",
-            )
-        };
-        let timeout = {
-            let expected = "a number of seconds greater than 0 and at most 86400";
-            let in_range = |x: f64| x > 0.0 && x <= 86_400.0;
-            let ml = get(top, "timeout").and_then(|v| w.number(v, "timeout", expected, in_range));
-            let ks = kserve("timeout").and_then(|v| w.number(v, "batcher.timeout", expected, in_range));
-            w.merge(("timeout", ml), ("batcher.timeout", ks), " s")
-        };
+        let version = params.and_then(|p| get(p, "version")).and_then(|v| w.version(v));
+        let Batcher {
+            max_batch_size,
+            max_batch_time,
+            timeout,
+        } = w.batcher_fields(top);
         let policy = get(top, "batch_policy").and_then(|v| w.choice(v, "batch_policy", POLICIES, false));
         let max_queue_size =
             get(top, "max_queue_size").and_then(|v| w.int(v, "max_queue_size", 1, 1_000_000));
@@ -529,9 +472,11 @@ fn secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 }
 
 mod cuda;
+mod fields;
 mod walk;
 
 pub use cuda::{ArenaExtendStrategy, CudaOptions, CudnnConvAlgoSearch};
+use fields::Batcher;
 use walk::{describe, get, lookup, Walker};
 
 #[cfg(test)]

@@ -119,20 +119,7 @@ pub(super) async fn batching_task(
             state.record_run(took);
         });
         let now = Instant::now();
-        for (entry, why) in state.remove_dead(now) {
-            leave_queue(&shared, &entry);
-            match why {
-                Dropped::Expired => {
-                    metrics::dropped(&shared.model, "expired");
-                    let timeout = entry.deadline.saturating_duration_since(entry.arrival);
-                    let _ = entry.reply.send(Err(Error::DeadlineExceeded {
-                        model: shared.model.to_string(),
-                        timeout,
-                    }));
-                }
-                Dropped::ClientGone => metrics::dropped(&shared.model, "client_gone"),
-            }
-        }
+        drop_dead(&shared, &mut state, now);
         if !open && state.is_empty() && in_flight == 0 {
             break;
         }
@@ -156,14 +143,7 @@ pub(super) async fn batching_task(
             Decision::Wait(d) => Some(d),
             Decision::Idle => None,
         };
-        // Also wake at the earliest deadline in the queue: an expired request
-        // has been answered 504 and must stop counting against
-        // `max_queue_size` then, not when a batch next ends or arrives.
-        let expiry = state.next_deadline().map(|d| d.saturating_duration_since(now));
-        let wait = match (wait, expiry) {
-            (Some(w), Some(e)) => Some(w.min(e)),
-            (w, e) => w.or(e),
-        };
+        let wait = until_expiry(wait, &state, now);
         let sleep = async {
             match wait {
                 Some(d) => tokio::time::sleep(d).await,
@@ -195,6 +175,37 @@ pub(super) async fn batching_task(
         }
     }
     tracing::debug!(model = %shared.model, "batcher drained and stopped");
+}
+
+/// Takes the requests that can no longer run out of the queue: an expired
+/// one is answered 504, one whose client went away is only counted.
+fn drop_dead(shared: &Shared, state: &mut State, now: Instant) {
+    for (entry, why) in state.remove_dead(now) {
+        leave_queue(shared, &entry);
+        match why {
+            Dropped::Expired => {
+                metrics::dropped(&shared.model, "expired");
+                let timeout = entry.deadline.saturating_duration_since(entry.arrival);
+                let _ = entry.reply.send(Err(Error::DeadlineExceeded {
+                    model: shared.model.to_string(),
+                    timeout,
+                }));
+            }
+            Dropped::ClientGone => metrics::dropped(&shared.model, "client_gone"),
+        }
+    }
+}
+
+/// How long the batching task sleeps: the policy's `wait`, cut short at the
+/// earliest deadline in the queue (`None`: until something wakes it). An
+/// expired request is answered 504 and must stop counting against
+/// `max_queue_size` then, not when a batch next ends or arrives.
+fn until_expiry(wait: Option<Duration>, state: &State, now: Instant) -> Option<Duration> {
+    let expiry = state.next_deadline().map(|d| d.saturating_duration_since(now));
+    match (wait, expiry) {
+        (Some(w), Some(e)) => Some(w.min(e)),
+        (w, e) => w.or(e),
+    }
 }
 
 /// Queues an entry, or forwards it (and, on a handoff, the whole queue) to

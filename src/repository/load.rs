@@ -14,6 +14,7 @@ use crate::model::{DeviceBytes, Memory, ModelHandle};
 use crate::pool::{ModelWorkers, Pool};
 use crate::runtime::{device_memory, Device, Runtime, RuntimeError};
 use crate::settings::{ExecutionProvider, ModelSettings};
+use crate::tensor::Signature;
 
 /// Why a version of a model could not be loaded, by what it takes to fix it
 /// (the repository API answers with the matching status).
@@ -97,25 +98,7 @@ pub async fn build(
     })
     .await
     .map_err(|e| LoadError::Internal(format!("loading {} panicked: {e}", path.display())))??;
-    settings
-        .check_declared(&loaded.signature)
-        .map_err(LoadError::Files)?;
-    // `padding` against the ONNX file's inputs, outputs and dim names.
-    let padding = Padding::new(&loaded.signature, &settings.padding).map_err(LoadError::Files)?;
-    if !settings.unused.is_empty() {
-        tracing::info!(
-            model = %name,
-            fields = %settings.unused.join(", "),
-            "MLServer fields accepted but not used by sluice"
-        );
-    }
-    if settings.batching.batching_enabled() && !loaded.signature.batchable() {
-        tracing::warn!(
-            model = %name,
-            "the ONNX file fixes the first dimension of an input or output; serving with batching off"
-        );
-        settings.batching.max_batch_size = 1;
-    }
+    let padding = check_loaded(name, &mut settings, &loaded.signature)?;
     let devices: Vec<String> = loaded.sessions.iter().map(|(d, _)| d.to_string()).collect();
     let cuda_ids: Vec<u32> = loaded
         .sessions
@@ -147,18 +130,7 @@ pub async fn build(
     // The padded dims, and the bound the batcher enforces (its device's default when unset).
     let padded =
         padded.map(|dims| format!("{dims} (max_padding_ratio {})", batcher.settings().max_padding()));
-    let device_bytes = match cuda_ids.is_empty() {
-        true => Vec::new(),
-        false => {
-            let after = tokio::task::spawn_blocking(device_memory::used_per_device)
-                .await
-                .unwrap_or_default();
-            device_memory::growth(&gpu_before, &after, &cuda_ids)
-                .into_iter()
-                .map(|(device, bytes)| DeviceBytes { device, bytes })
-                .collect()
-        }
-    };
+    let device_bytes = device_growth(&gpu_before, &cuda_ids).await;
     let memory = Memory {
         host_bytes: crate::runtime::resident_bytes().saturating_sub(resident_before),
         weights_bytes: loaded.weights_bytes,
@@ -187,6 +159,49 @@ pub async fn build(
         memory,
         batcher,
     ))
+}
+
+/// Checks a loaded file against its settings: the declared signature, and
+/// `padding` against the file's inputs, outputs and dim names (returned).
+/// Logs the MLServer fields that are accepted but unused, and turns
+/// batching off (with a warning) for a file whose first dims are fixed.
+fn check_loaded(
+    name: &str,
+    settings: &mut ModelSettings,
+    signature: &Signature,
+) -> Result<Option<Padding>, LoadError> {
+    settings.check_declared(signature).map_err(LoadError::Files)?;
+    let padding = Padding::new(signature, &settings.padding).map_err(LoadError::Files)?;
+    if !settings.unused.is_empty() {
+        tracing::info!(
+            model = %name,
+            fields = %settings.unused.join(", "),
+            "MLServer fields accepted but not used by sluice"
+        );
+    }
+    if settings.batching.batching_enabled() && !signature.batchable() {
+        tracing::warn!(
+            model = %name,
+            "the ONNX file fixes the first dimension of an input or output; serving with batching off"
+        );
+        settings.batching.max_batch_size = 1;
+    }
+    Ok(padding)
+}
+
+/// The GPU memory each of `cuda_ids` gained since `before` was read (empty
+/// for a model on the CPU).
+async fn device_growth(before: &[u64], cuda_ids: &[u32]) -> Vec<DeviceBytes> {
+    if cuda_ids.is_empty() {
+        return Vec::new();
+    }
+    let after = tokio::task::spawn_blocking(device_memory::used_per_device)
+        .await
+        .unwrap_or_default();
+    device_memory::growth(before, &after, cuda_ids)
+        .into_iter()
+        .map(|(device, bytes)| DeviceBytes { device, bytes })
+        .collect()
 }
 
 /// `settings` as a model that cannot batch must run them: `max_batch_size`
