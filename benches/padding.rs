@@ -10,7 +10,8 @@
 //! 2. Throughput, in rounds (`SLUICE_BENCH_ROUNDS`, default 3), each round
 //!    running the three configurations one after the other for
 //!    `SLUICE_BENCH_SECONDS` (default 10) each, so that a noisy machine hurts
-//!    all three alike; medians over rounds:
+//!    all three alike (each round starts one configuration later than the
+//!    last); medians over rounds, and each round's ratio to padding off:
 //!    - `padding on`: closed-loop load, `SLUICE_BENCH_CONCURRENCY` (64)
 //!      clients, one sequence per request (V2 binary INT64), lengths 8..128
 //!      skewed short, to `minilm` with `padding` (the shipped settings);
@@ -460,8 +461,13 @@ async fn rounds(
     }
     let mut all = Vec::new();
     for round in 0..rounds {
-        let mut points = Vec::new();
-        for (m, _, _) in configs {
+        // Each round starts one configuration later than the one before, so
+        // that none always runs first or last (a machine that slows down
+        // within a round would otherwise favour the first).
+        let mut points: Vec<Option<Point>> = configs.iter().map(|_| None).collect();
+        for k in 0..configs.len() {
+            let i = (round + k) % configs.len();
+            let m = &configs[i].0;
             captured.take(m);
             let before = histograms(&base, m).await?;
             let (cpu0, t0) = (cpu_seconds(), Instant::now());
@@ -481,7 +487,7 @@ async fn rounds(
                  run {run_ms:.2} ms/batch (raw {raw_run_ms:.2}), queue delay {queue_ms:.2} ms, \
                  raw (seq/s, padding, CPU ms/seq) {raw:.3?}"
             );
-            points.push(Point {
+            points[i] = Some(Point {
                 served,
                 cpu_ms,
                 batch,
@@ -491,7 +497,7 @@ async fn rounds(
                 raw,
             });
         }
-        all.push(points);
+        all.push(points.into_iter().flatten().collect());
     }
     let _ = stop.send(());
     Ok(all)
@@ -580,7 +586,6 @@ fn main() -> Result<()> {
 fn report(configs: &[(String, String, bool)], results: &[Vec<Point>]) -> Result<()> {
     let med = |i: usize, f: fn(&Point) -> f64| median(results.iter().map(|r| f(&r[i])).collect());
     let last = configs.len() - 1;
-    let off = med(last, |p| p.served);
     let (off_raw, off_cpu) = (med(last, |p| p.raw.map_or(0.0, |r| r.0)), med(last, |p| p.cpu_ms));
     println!(
         "| configuration | sequences/s | ÷ off | CPU ms / sequence | sequences per CPU-second ÷ off | mean batch (sequences) | padding ratio | \
@@ -616,9 +621,16 @@ fn report(configs: &[(String, String, bool)], results: &[Vec<Point>]) -> Result<
             ),
             false => format!("{m} (padding off)"),
         };
+        // Each round's ratio to padding off in the same round, and their median.
+        let rounds: Vec<f64> = results.iter().map(|r| r[i].served / r[last].served).collect();
+        let each = rounds
+            .iter()
+            .map(|x| format!("{x:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let paired = median(rounds);
         println!(
-            "| {name} | {served:.1} | {:.2}× | {cpu:.1} | {:.2}× | {batch:.1} | {ratio:.3} | {raw:.1} | {:.2}× | {:.2} | {raw_cpu:.1} | {run:.2}, {raw_run:.2} | {queue:.2} |",
-            served / off,
+            "| {name} | {served:.1} | {paired:.2}× ({each}) | {cpu:.1} | {:.2}× | {batch:.1} | {ratio:.3} | {raw:.1} | {:.2}× | {:.2} | {raw_cpu:.1} | {run:.2}, {raw_run:.2} | {queue:.2} |",
             off_cpu / cpu,
             raw / off_raw,
             served / raw
