@@ -44,13 +44,20 @@ fn mixed(n: usize, seed: u64) -> Vec<Req> {
         .collect()
 }
 
+/// `last_hidden_state`'s shape for a request alone: its rows, its own length.
+fn hidden_shape(r: &Req) -> Vec<usize> {
+    vec![r.rows, r.len, HIDDEN]
+}
+
 /// Sends every request at once (request `i` over `PROTOCOLS[i % 4]`), checks
-/// each answer against `want`, and returns (protocol, length, batchId) of each.
+/// each answer against `want` and `shape` (what the request gets alone), and
+/// returns (protocol, length, batchId) of each.
 async fn send_all(
     s: &Arc<TestServer>,
     model: &str,
     reqs: &[Req],
     want: Vec<Vec<f32>>,
+    shape: fn(&Req) -> Vec<usize>,
 ) -> Vec<(Protocol, usize, Option<String>)> {
     let mut tasks = Vec::new();
     for (i, (r, want)) in reqs.iter().cloned().zip(want).enumerate() {
@@ -59,11 +66,7 @@ async fn send_all(
         tasks.push(tokio::spawn(async move {
             let a = send(&s, &model, protocol, &r).await;
             let what = format!("request {i} ({protocol:?}, {} rows of {} tokens)", r.rows, r.len);
-            assert_eq!(
-                a.shape,
-                vec![r.rows, r.len, HIDDEN],
-                "{what}: the shape it has alone"
-            );
+            assert_eq!(a.shape, shape(&r), "{what}: the shape it has alone");
             assert_close_f32(&a.data, &want, TOL, &what);
             (protocol, r.len, a.batch_id)
         }));
@@ -96,7 +99,7 @@ async fn mixed_lengths_share_batches_over_every_protocol_and_each_answer_is_its_
         TestServer::start(r.path())
     );
     let s = Arc::new(s);
-    let answers = send_all(&s, model, &reqs, want.unwrap()).await;
+    let answers = send_all(&s, model, &reqs, want.unwrap(), hidden_shape).await;
 
     let m = Metrics::scrape(&s).await;
     let l = [("model", model)];
@@ -164,7 +167,7 @@ async fn the_default_padding_bound_holds_and_answers_stay_exact() {
         move || expected(&reqs)
     });
     let s = Arc::new(TestServer::start(r.path()).await);
-    send_all(&s, model, &reqs, want.await.unwrap()).await;
+    send_all(&s, model, &reqs, want.await.unwrap(), hidden_shape).await;
     let m = Metrics::scrape(&s).await;
     let l = [("model", model)];
     let batches = m.sum("sluice_batch_padding_ratio_count", &l);
@@ -175,6 +178,60 @@ async fn the_default_padding_bound_holds_and_answers_stay_exact() {
         &[("model", model), ("le", "0.05")],
     );
     assert_eq!(within, batches, "a batch was padded past max_padding_ratio");
+    Arc::into_inner(s).unwrap().stop().await.unwrap();
+}
+
+/// A sentence-embedding model (sentence-transformers' export: mean pooling
+/// over the masked tokens, then L2 normalisation): its only output,
+/// `sentence_embedding` [batch, 384], has no `sequence` dim, so nothing is
+/// cut back, and each request's embedding must still be the one it gets
+/// alone. The pooling divides by the request's own token count, which the
+/// padded mask keeps (a pad value of 1 in `attention_mask`, or a pooling
+/// that ignored the mask, would move every embedding of a padded row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_output_is_not_cut_and_each_embedding_is_its_own() {
+    let _serial = SERIAL.lock().await;
+    let model = "minilm_pooled";
+    let settings = r#"{"batch_policy": "fixed", "max_batch_size": 16, "max_batch_time": 10.0,
+        "padding": {"input_ids": 0, "attention_mask": 0, "token_type_ids": 0},
+        "max_padding_ratio": 1.0, "warmup": false}"#;
+    let r = repo(&[("minilm", model, settings)]);
+    let onnx = r.path().join(model).join("model.onnx");
+    write_pooled(&onnx);
+    let reqs = mixed(40, 13);
+    let rows: usize = reqs.iter().map(|r| r.rows).sum();
+    let want = tokio::task::spawn_blocking({
+        let (reqs, onnx) = (reqs.clone(), onnx.clone());
+        move || expected_output(&onnx, "sentence_embedding", &reqs, |r| r.rows * HIDDEN)
+    });
+    let s = Arc::new(TestServer::start(r.path()).await);
+    let want = want.await.unwrap();
+    // An embedding has norm 1 (the reference is what it claims to be).
+    for w in &want {
+        for row in w.chunks(HIDDEN) {
+            let norm: f32 = row.iter().map(|x| x * x).sum::<f32>().sqrt();
+            assert!((norm - 1.0).abs() < 1e-5, "reference norm {norm}");
+        }
+    }
+    send_all(&s, model, &reqs, want, |r| vec![r.rows, HIDDEN]).await;
+
+    let m = Metrics::scrape(&s).await;
+    let l = [("model", model)];
+    let batches = m.sum("sluice_batch_size_count", &l);
+    assert_eq!(
+        m.sum("sluice_batch_size_sum", &l),
+        rows as f64,
+        "every row ran once"
+    );
+    assert!(
+        batches < reqs.len() as f64,
+        "{batches} batches for {} requests",
+        reqs.len()
+    );
+    assert!(
+        m.sum("sluice_batch_padding_ratio_sum", &l) > 0.0,
+        "batches of different lengths were padded"
+    );
     Arc::into_inner(s).unwrap().stop().await.unwrap();
 }
 

@@ -3,7 +3,7 @@
 //! outputs from Python ONNX Runtime on each request alone, and one request
 //! sent over each protocol (V1, V2 JSON, V2 binary, gRPC).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::{json, Value};
@@ -78,20 +78,27 @@ impl Req {
 /// `last_hidden_state` of each request, from Python ONNX Runtime run on that
 /// request alone (`tests/clients/minilm_expected.py`).
 pub fn expected(reqs: &[Req]) -> Vec<Vec<f32>> {
-    let python = root().join(".venv-clients/bin/python");
-    assert!(
-        python.is_file(),
-        "{} is missing: run scripts/setup-test-clients.sh (make test does)",
-        python.display()
-    );
+    let model = minilm_dir().join("model.onnx");
+    expected_output(&model, "last_hidden_state", reqs, |r| r.rows * r.len * HIDDEN)
+}
+
+/// `output` of each request from Python ONNX Runtime on `model`, each
+/// request alone; `size` is the number of floats a request gets.
+pub fn expected_output(
+    model: &Path,
+    output: &str,
+    reqs: &[Req],
+    size: impl Fn(&Req) -> usize,
+) -> Vec<Vec<f32>> {
     let dir = tempfile::tempdir().unwrap();
-    let (input, output) = (dir.path().join("requests.json"), dir.path().join("expected.f32"));
+    let (input, out_file) = (dir.path().join("requests.json"), dir.path().join("expected.f32"));
     let list: Vec<Value> = reqs.iter().map(Req::to_json).collect();
     std::fs::write(&input, serde_json::to_vec(&list).unwrap()).unwrap();
-    let out = Command::new(python)
+    let out = Command::new(python())
         .arg(root().join("tests/clients/minilm_expected.py"))
-        .arg(minilm_dir().join("model.onnx"))
-        .args([&input, &output])
+        .arg(model)
+        .args([&input, &out_file])
+        .arg(output)
         .output()
         .expect("cannot run Python");
     assert!(
@@ -100,13 +107,42 @@ pub fn expected(reqs: &[Req]) -> Vec<Vec<f32>> {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let bytes = std::fs::read(&output).unwrap();
+    let bytes = std::fs::read(&out_file).unwrap();
     let mut all = bytes
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes(b.try_into().unwrap()));
     reqs.iter()
-        .map(|r| all.by_ref().take(r.rows * r.len * HIDDEN).collect())
+        .map(|r| all.by_ref().take(size(r)).collect())
         .collect()
+}
+
+/// Writes MiniLM with sentence-transformers' mean pooling and L2
+/// normalisation, output `sentence_embedding` [batch, 384], to `dst`
+/// (`tests/clients/minilm_pooled.py`).
+pub fn write_pooled(dst: &Path) {
+    let out = Command::new(python())
+        .arg(root().join("tests/clients/minilm_pooled.py"))
+        .arg(minilm_dir().join("model.onnx"))
+        .arg(dst)
+        .output()
+        .expect("cannot run Python");
+    assert!(
+        out.status.success(),
+        "minilm_pooled.py failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The test clients' Python (`scripts/setup-test-clients.sh`).
+fn python() -> PathBuf {
+    let python = root().join(".venv-clients/bin/python");
+    assert!(
+        python.is_file(),
+        "{} is missing: run scripts/setup-test-clients.sh (make test does)",
+        python.display()
+    );
+    python
 }
 
 /// The protocols a request can come by.
@@ -137,6 +173,20 @@ fn f32s(b: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// The shape of a nested JSON array, read along its first elements (V1's
+/// `predictions`: one entry per row).
+fn nesting(mut v: &Value) -> Vec<usize> {
+    let mut shape = Vec::new();
+    while let Some(a) = v.as_array() {
+        shape.push(a.len());
+        match a.first() {
+            Some(first) => v = first,
+            None => break,
+        }
+    }
+    shape
+}
+
 fn floats(v: &Value) -> Vec<f32> {
     super::flat_f64(v).into_iter().map(|x| x as f32).collect()
 }
@@ -161,7 +211,7 @@ pub async fn send(s: &TestServer, model: &str, protocol: Protocol, r: &Req) -> A
             assert_eq!(st, 200, "V1 {:?}: {body}", r.shape());
             Answer {
                 data: floats(&body["predictions"]),
-                shape: vec![r.rows, r.len, HIDDEN],
+                shape: nesting(&body["predictions"]),
                 batch_id: body["batchId"].as_str().map(str::to_string),
             }
         }
