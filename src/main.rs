@@ -328,9 +328,14 @@ fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
         Ok(l) => l,
         Err(e) => return fail(format!("model `{}`: {e}", settings.name)),
     };
-    if let Err(e) = settings.check_declared(&loaded.signature) {
-        return fail(format!("model `{}`: {e}", settings.name));
-    }
+    let mut settings = settings;
+    // The load's own checks (declared signature, `padding`), so that a folder
+    // `check` passes is one `serve` loads.
+    let name = settings.name.clone();
+    let padding = match sluice::repository::check_loaded(&name, &mut settings, &loaded.signature) {
+        Ok(p) => p,
+        Err(e) => return fail(format!("model `{name}`: {}", e.message())),
+    };
     println!("model {} OK ({})", settings.name, path.display());
     println!("provider: {}", loaded.provider_reason);
     let batching = if loaded.signature.batchable() {
@@ -344,19 +349,42 @@ fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
         ("output", &loaded.signature.outputs),
     ] {
         for t in specs.iter() {
-            println!("{kind:<6} {:<24} {:<6} {:?}", t.name, t.dtype.as_str(), t.shape);
+            println!("{kind:<6} {:<24} {:<6} {}", t.name, t.dtype.as_str(), dims(t));
         }
     }
     // The settings in force on the provider chosen (an unset padding bound
     // takes that device's default).
-    let mut settings = settings;
     let gpu = loaded.sessions.iter().any(|(d, _)| d.is_cuda());
     settings.batching = settings.batching.on_device(gpu);
+    if let Some(p) = &padding {
+        let b = &settings.batching;
+        let tokens = b
+            .max_batch_tokens
+            .map_or_else(|| "no bound".into(), |n| n.to_string());
+        println!(
+            "padding: `{}` padded across requests (max_padding_ratio {}, max_batch_tokens {tokens})",
+            p.symbols().join("`, `"),
+            b.max_padding()
+        );
+    }
     match serde_json::to_string_pretty(&settings) {
         Ok(json) => println!("settings: {json}"),
         Err(e) => return fail(format!("cannot print settings: {e}")),
     }
     ExitCode::SUCCESS
+}
+
+/// A tensor's dims as `sluice check` prints them: `[batch, sequence, 384]`,
+/// each dynamic dim by the ONNX file's name for it (`padding` goes by these
+/// names), or `-1` where it names none.
+fn dims(t: &sluice::tensor::TensorSpec) -> String {
+    let each: Vec<String> = (0..t.shape.len())
+        .map(|i| match (t.shape[i], t.dim_name(i)) {
+            (-1, Some(name)) => name.to_string(),
+            (d, _) => d.to_string(),
+        })
+        .collect();
+    format!("[{}]", each.join(", "))
 }
 
 #[cfg(test)]

@@ -41,11 +41,60 @@ fn check_prints_the_signature() {
     ];
     assert_eq!(sig, want, "{out}");
     assert!(
-        out.contains("[-1, 3]") && out.contains("\"max_batch_size\": 8"),
+        out.contains("[N, 3]") && out.contains("\"max_batch_size\": 8"),
         "{out}"
     );
     // The settings in force: an unset padding bound shows its CPU default.
     assert!(out.contains("\"max_padding_ratio\": 0.05"), "{out}");
+}
+
+/// `sluice check` names each dynamic dim as the ONNX file does (what
+/// `padding` goes by), shows the padding in force, and runs the load's own
+/// checks of `padding`: a folder it passes is one the server loads.
+#[test]
+fn check_shows_the_padded_dims_and_refuses_padding_the_server_would() {
+    let mut cmd = sluice();
+    cmd.args(["check", "model-repository/minilm"]);
+    let (status, out, err) = run(cmd);
+    assert!(status.success(), "{status}: {out}\n{err}");
+    let sig: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("input") || l.starts_with("output"))
+        .collect();
+    assert_eq!(sig.len(), 4, "{out}");
+    assert!(
+        sig[..3].iter().all(|l| l.ends_with("INT64  [batch, sequence]")),
+        "{out}"
+    );
+    assert!(sig[3].ends_with("FP32   [batch, sequence, 384]"), "{out}");
+    assert!(
+        out.contains(
+            "padding: `sequence` padded across requests (max_padding_ratio 0.05, max_batch_tokens 4096)"
+        ),
+        "{out}"
+    );
+
+    // `token_type_ids` shares `sequence` but has no pad value: `serve` refuses
+    // to load it, and so must `check`.
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("minilm");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::copy("model-repository/minilm/model.onnx", folder.join("model.onnx")).unwrap();
+    std::fs::write(
+        folder.join("model-settings.json"),
+        r#"{"padding": {"input_ids": 0, "attention_mask": 0}}"#,
+    )
+    .unwrap();
+    let mut cmd = sluice();
+    cmd.arg("check").arg(&folder);
+    let (status, out, err) = run(cmd);
+    assert_eq!(status.code(), Some(2), "{out}\n{err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(
+        errors[0].contains("`token_type_ids`") && errors[0].contains("add `token_type_ids` to `padding`"),
+        "{err}"
+    );
 }
 
 #[test]

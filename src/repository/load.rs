@@ -165,7 +165,9 @@ pub async fn build(
 /// `padding` against the file's inputs, outputs and dim names (returned).
 /// Logs the MLServer fields that are accepted but unused, and turns
 /// batching off (with a warning) for a file whose first dims are fixed.
-fn check_loaded(
+/// Every load runs it, and so does `sluice check`, so that a folder the
+/// check passes is one the server loads.
+pub fn check_loaded(
     name: &str,
     settings: &mut ModelSettings,
     signature: &Signature,

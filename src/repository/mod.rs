@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
+pub use load::check_loaded;
 pub use registry::{ModelEntry, Registry};
 
 use crate::error::Error;
