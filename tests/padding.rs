@@ -26,6 +26,7 @@ use std::sync::Arc;
 use common::batching::{assert_batches_group_equal, repo, Lcg};
 use common::minilm::*;
 use common::prometheus::Metrics;
+use common::reload::{wait_for, Clients};
 use common::*;
 use serde_json::json;
 
@@ -232,6 +233,88 @@ async fn a_pooled_output_is_not_cut_and_each_embedding_is_its_own() {
         m.sum("sluice_batch_padding_ratio_sum", &l) > 0.0,
         "batches of different lengths were padded"
     );
+    Arc::into_inner(s).unwrap().stop().await.unwrap();
+}
+
+/// `padding` switched on by editing `model-settings.json` while the model
+/// serves: the padded version loads beside the serving one (new sessions),
+/// clients sending mixed lengths all the while get every answer right, and
+/// then lengths share padded batches. A later edit that pads an input the
+/// file does not have is refused with the reason in the repository index,
+/// and the padded version goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn padding_switched_on_by_a_settings_edit_while_serving() {
+    let _serial = SERIAL.lock().await;
+    let model = "minilm_reload";
+    let off = r#"{"batch_policy": "fixed", "max_batch_size": 16, "max_batch_time": 0.1, "warmup": false}"#;
+    let on = r#"{"batch_policy": "fixed", "max_batch_size": 16, "max_batch_time": 0.1, "warmup": false,
+        "padding": {"input_ids": 0, "attention_mask": 0, "token_type_ids": 0}, "max_padding_ratio": 1.0}"#;
+    let r = repo(&[("minilm", model, off)]);
+    let reqs = mixed(12, 19);
+    let want = tokio::task::spawn_blocking({
+        let reqs = reqs.clone();
+        move || expected(&reqs)
+    });
+    let s = Arc::new(TestServer::start(r.path()).await);
+    let cases = Arc::new((reqs.clone(), want.await.unwrap()));
+    // Four clients, each cycling through the requests over one protocol.
+    let clients = Clients::start(4, {
+        let (s, cases) = (s.clone(), cases.clone());
+        move |c, i| {
+            let (s, cases) = (s.clone(), cases.clone());
+            async move {
+                let k = (c * 3 + i) % cases.0.len();
+                let (r, want) = (&cases.0[k], &cases.1[k]);
+                let a = send(&s, "minilm_reload", PROTOCOLS[c], r).await;
+                let what = format!("client {c}, request {i} ({} rows of {} tokens)", r.rows, r.len);
+                assert_eq!(a.shape, hidden_shape(r), "{what}");
+                assert_close_f32(&a.data, want, TOL, &what);
+            }
+        }
+    });
+    let l = [("model", model)];
+    let padded = || async {
+        Metrics::scrape(&s)
+            .await
+            .sum("sluice_batch_padding_ratio_count", &l)
+    };
+    let reloaded = s.reloads(model, "reloaded").await;
+    wait_for("requests answered before the edit", || async {
+        (Metrics::scrape(&s).await.sum("sluice_batch_size_count", &l) >= 8.0).then_some(())
+    })
+    .await;
+    assert_eq!(padded().await, 0.0, "a batch was padded with padding off");
+
+    write_settings(r.path(), model, on);
+    s.wait_reloads(model, "reloaded", reloaded + 1.0).await;
+    wait_for("a padded batch after the edit", || async {
+        (padded().await > 0.0).then_some(())
+    })
+    .await;
+    let answered = clients.stop().await.len();
+    assert!(answered >= 8, "{answered} answers");
+
+    // A pad value for an input the file does not have: refused, the reason
+    // names it, and the padded version still answers.
+    let failed = s.reloads(model, "failed").await;
+    write_settings(
+        r.path(),
+        model,
+        &on.replace(
+            "\"token_type_ids\": 0}",
+            "\"token_type_ids\": 0, \"segment_ids\": 0}",
+        ),
+    );
+    s.wait_reloads(model, "failed", failed + 1.0).await;
+    let entry = s.index_entry(model).await.unwrap();
+    let reason = entry["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("segment_ids"),
+        "the reason should name the input: {entry}"
+    );
+    let before = padded().await;
+    send_all(&s, model, &reqs, cases.1.clone(), hidden_shape).await;
+    assert!(padded().await > before, "the padded version stopped padding");
     Arc::into_inner(s).unwrap().stop().await.unwrap();
 }
 
