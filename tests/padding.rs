@@ -318,6 +318,51 @@ async fn padding_switched_on_by_a_settings_edit_while_serving() {
     Arc::into_inner(s).unwrap().stop().await.unwrap();
 }
 
+/// A token id past the vocabulary fails inside ONNX Runtime (its `Gather`
+/// rejects the index) for the whole padded batch. The batch is retried
+/// request by request: the bad request alone gets a 400 that names the node
+/// and the index, and every other request of its batch its own right answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_past_the_vocabulary_fails_alone_with_a_400() {
+    let _serial = SERIAL.lock().await;
+    let model = "minilm_badtoken";
+    // Batches close at 7 rows: the 6 good requests and the bad one share one.
+    let settings = r#"{"batch_policy": "fixed", "max_batch_size": 7, "max_batch_time": 10.0,
+        "padding": {"input_ids": 0, "attention_mask": 0, "token_type_ids": 0},
+        "max_padding_ratio": 1.0, "warmup": false}"#;
+    let r = repo(&[("minilm", model, settings)]);
+    let mut rng = Lcg(23);
+    let reqs: Vec<Req> = (0..6).map(|i| Req::new(&mut rng, 1, 4 + 7 * i)).collect();
+    let want = tokio::task::spawn_blocking({
+        let reqs = reqs.clone();
+        move || expected(&reqs)
+    });
+    let s = Arc::new(TestServer::start(r.path()).await);
+    let mut bad = Req::new(&mut rng, 1, 9);
+    bad.inputs[0][3] = 1_000_000_000;
+    let inputs: Vec<serde_json::Value> = INPUTS
+        .iter()
+        .zip(&bad.inputs)
+        .map(|(n, v)| json!({"name": n, "datatype": "INT64", "shape": bad.shape(), "data": v}))
+        .collect();
+    let bad_answer = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            s.post(&format!("/v2/models/{model}/infer"), &json!({"inputs": inputs}))
+                .await
+        })
+    };
+    send_all(&s, model, &reqs, want.await.unwrap(), hidden_shape).await;
+    let (st, body) = bad_answer.await.unwrap();
+    assert_eq!(st, 400, "{body}");
+    let msg = error_message(&body);
+    assert!(
+        msg.contains("Gather") && msg.contains("idx=1000000000"),
+        "the error should name the node and the index: {msg}"
+    );
+    Arc::into_inner(s).unwrap().stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_padding_lengths_never_mix() {
     let _serial = SERIAL.lock().await;

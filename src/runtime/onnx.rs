@@ -463,6 +463,20 @@ fn to_value(t: &Tensor) -> Result<SessionInputValue<'_>, RuntimeError> {
     made.map_err(RuntimeError::Run)
 }
 
+/// A failed run. ONNX Runtime's `INVALID_ARGUMENT` is a kernel's verdict on
+/// the request's values (a token id past the vocabulary in a `Gather`, a
+/// shape a `Reshape` cannot take): the client's to fix, so a 400 naming the
+/// node and the value, as Triton answers it. Anything else is the server's
+/// (a 500).
+fn run_error(e: ort::Error) -> RuntimeError {
+    match e.code() {
+        ort::ErrorCode::InvalidArgument => {
+            RuntimeError::InvalidInput(format!("the model rejected the input: {}", e.message()))
+        }
+        _ => RuntimeError::Run(e),
+    }
+}
+
 fn from_value(name: &str, v: &DynValue) -> Result<Tensor, RuntimeError> {
     let ty = match v.dtype() {
         ValueType::Tensor { ty, .. } => *ty,
@@ -524,7 +538,7 @@ impl Session for OnnxSession {
         let result = self
             .session
             .run_with_options(values, &self.run_options)
-            .map_err(RuntimeError::Run)?;
+            .map_err(run_error)?;
         outputs
             .iter()
             .map(|name| {
