@@ -81,7 +81,9 @@ async fn batches_running_when_the_grace_period_ends_are_cancelled_and_the_exit_i
         "{lines}"
     );
     assert!(lines.contains("sluice stopped"), "{lines}");
-    // No error of ONNX Runtime's (nor sluice's), no panic.
+    // No error logged, no panic. (ONNX Runtime's per-run messages are off:
+    // a failed run comes back to sluice as an error, which it logs itself;
+    // its session-level messages still reach the log.)
     assert!(
         !lines
             .lines()
