@@ -152,14 +152,18 @@ fn log_filter(rust_log: Option<&str>) -> String {
         .unwrap_or("info")
         .to_string();
     for quiet in ["ort", "notify"] {
-        let named = filter
-            .split(',')
-            .any(|d| d.trim().split(['=', ':', '[']).next() == Some(quiet));
-        if !named {
+        if !names(&filter, quiet) {
             filter.push_str(&format!(",{quiet}=warn"));
         }
     }
     filter
+}
+
+/// Whether a `RUST_LOG` filter has a directive for `target` itself.
+fn names(filter: &str, target: &str) -> bool {
+    filter
+        .split(',')
+        .any(|d| d.trim().split(['=', ':', '[']).next() == Some(target))
 }
 
 /// Starts logging to stderr in `format`; each line shows its target
@@ -173,7 +177,9 @@ fn init_logging(format: sluice::config::LogFormat, otel: Option<OtelLayer>) {
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
 
-    let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref());
+    let rust_log = std::env::var("RUST_LOG").ok();
+    sluice::runtime::ort_log::set_asked(rust_log.as_deref().is_some_and(|f| names(f, "ort")));
+    let filter = log_filter(rust_log.as_deref());
     let filter = EnvFilter::try_new(&filter).unwrap_or_else(|e| {
         eprintln!("warning: RUST_LOG={filter:?} is not a valid filter ({e}); using \"info\"");
         EnvFilter::new(log_filter(None))
@@ -422,5 +428,16 @@ mod tests {
         );
         // `ort_x` or `sort` are other crates.
         assert_eq!(log_filter(Some("sort=info")), "sort=info,ort=warn,notify=warn");
+    }
+
+    #[test]
+    fn a_filter_names_ort_only_with_a_directive_for_ort_itself() {
+        use super::names;
+        // What turns ONNX Runtime's per-run messages on (`ort_log::set_asked`).
+        assert!(names("info,ort=info", "ort"));
+        assert!(names("ort", "ort"));
+        assert!(names("debug, ort[span]=trace", "ort"));
+        assert!(!names("info", "ort"));
+        assert!(!names("sort=info,ort_x=debug", "ort"));
     }
 }

@@ -193,12 +193,12 @@ impl OnnxRuntime {
         }
         let session = builder.commit_from_file(path).map_err(|e| e.to_string())?;
         let mut run_options = RunOptions::new().map_err(|e| format!("cannot create run options: {e}"))?;
-        // A failed run's error comes back to sluice, which answers it (and
-        // logs it where it is the server's fault): ONNX Runtime's own ERROR
-        // line for it would repeat it, once per bad request a client sends.
-        run_options
-            .set_log_level(ort::logging::LogLevel::Fatal)
-            .map_err(|e| format!("cannot set the run log level: {e}"))?;
+        // Per-run messages only when asked for (`ort_log::run_messages`).
+        if !super::ort_log::run_messages() {
+            run_options
+                .set_log_level(ort::logging::LogLevel::Fatal)
+                .map_err(|e| format!("cannot set the run log level: {e}"))?;
+        }
         let run_options = Arc::new(run_options);
         Ok(OnnxSession { session, run_options })
     }

@@ -9,8 +9,29 @@
 //! benches/README.md "On a GPU"), it says itself that this is done "to
 //! improve perf", and it asks nothing of the operator.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use ort::logging::LogLevel;
 use tracing::Level;
+
+/// Whether the operator asked for ONNX Runtime's messages (`RUST_LOG`
+/// names `ort`): set by `main` as logging starts, read as each session is
+/// made. Without it, a session's per-run messages are off (see
+/// [`run_messages`]).
+static ASKED: AtomicBool = AtomicBool::new(false);
+
+/// Records whether `RUST_LOG` names `ort` (`main`'s logging set-up).
+pub fn set_asked(asked: bool) {
+    ASKED.store(asked, Ordering::Relaxed);
+}
+
+/// Whether a session logs its runs' own messages. A failed run's error
+/// comes back to sluice, which answers it and logs it where it is the
+/// server's fault; ONNX Runtime's ERROR line for it would repeat it, once
+/// per bad request a client sends. So only when the operator asked.
+pub fn run_messages() -> bool {
+    ASKED.load(Ordering::Relaxed)
+}
 
 /// The start of ONNX Runtime's notice that shape computations stay on the CPU.
 const NODES_ON_THE_CPU: &str = "Some nodes were not assigned to the preferred execution providers";
