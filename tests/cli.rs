@@ -48,6 +48,49 @@ fn check_prints_the_signature() {
     assert!(out.contains("\"max_padding_ratio\": 0.05"), "{out}");
 }
 
+/// A token id past MiniLM's vocabulary, which ONNX Runtime's `Gather`
+/// rejects: a 400 naming the node and the value. The log does not repeat it
+/// as an ONNX Runtime ERROR line (one per bad request a client sends),
+/// unless `RUST_LOG` names `ort`, where the operator asked for ONNX
+/// Runtime's messages.
+#[tokio::test]
+async fn a_rejected_token_is_a_400_and_onnx_runtime_logs_it_only_when_asked() {
+    for (rust_log, ort_line) in [("info", false), ("info,ort=info", true)] {
+        let repo = repo_with(&["minilm"]);
+        write_settings(repo.path(), "minilm", r#"{"warmup": false}"#);
+        let mut cmd = sluice();
+        cmd.env("RUST_LOG", rust_log);
+        let args = ["--model-repository".as_ref(), repo.path().as_os_str()];
+        let (mut child, mut log, port) = spawn_serve(cmd, &args);
+        let client = reqwest::Client::new();
+        wait_ready(&client, port).await;
+        let n = 6;
+        let ids = json!([101, 2023, 1_000_000_000, 2003, 2742, 102]);
+        let body = json!({"inputs": [
+            v2_input("input_ids", "INT64", &[1, n], ids),
+            v2_input("attention_mask", "INT64", &[1, n], json!(vec![1; n])),
+            v2_input("token_type_ids", "INT64", &[1, n], json!(vec![0; n])),
+        ]});
+        let r = client
+            .post(format!("http://127.0.0.1:{port}/v2/models/minilm/infer"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "RUST_LOG={rust_log}");
+        let err: serde_json::Value = r.json().await.unwrap();
+        let msg = err["error"].as_str().unwrap_or_default();
+        assert!(msg.contains("Gather") && msg.contains("idx=1000000000"), "{err}");
+        sigterm(&child.0);
+        assert_eq!(wait_for(&mut child.0, Duration::from_secs(30)).code(), Some(0));
+        let lines = log.rest(Duration::from_secs(10)).join("\n");
+        let logged = lines
+            .lines()
+            .any(|l| l.contains("ort::logging") && l.contains("ERROR") && l.contains("Gather"));
+        assert_eq!(logged, ort_line, "RUST_LOG={rust_log}:\n{lines}");
+    }
+}
+
 /// `sluice check` names each dynamic dim as the ONNX file does (what
 /// `padding` goes by), shows the padding in force, and runs the load's own
 /// checks of `padding`: a folder it passes is one the server loads.
