@@ -64,17 +64,7 @@ async fn hundreds_of_concurrent_requests_get_their_own_answers_from_shared_batch
     }
     let requests = TASKS as usize * PER_TASK;
     let m = Metrics::scrape(&s).await;
-    let l = [("model", model)];
-    let batches = m.sum("sluice_batch_size_count", &l);
-    assert_eq!(
-        m.sum("sluice_batch_size_sum", &l),
-        rows as f64,
-        "every row ran exactly once"
-    );
-    assert!(
-        batches < requests as f64,
-        "{batches} batches for {requests} requests: nothing was batched"
-    );
+    let batches = assert_every_row_ran_once_batched(&m, model, rows, requests);
     let within = m.sum("sluice_batch_size_bucket", &[("model", model), ("le", "32")]);
     assert_eq!(within, batches, "a batch exceeded max_batch_size");
     s.stop().await.unwrap();

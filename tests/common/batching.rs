@@ -4,6 +4,8 @@
 
 use serde_json::{json, Value};
 
+use super::prometheus::Metrics;
+
 use super::{copy_dir, fixture, flat_f64, root, write_settings};
 
 /// A temp repository of `(fixture, folder, settings)`: each a copy of a
@@ -96,4 +98,22 @@ pub fn assert_batches_group_equal(what: &str, results: impl IntoIterator<Item = 
         by_batch.values().any(|k| k.len() > 1),
         "requests of equal {what} should share batches: {by_batch:?}"
     );
+}
+
+/// Asserts, from `model`'s batch-size histogram, that each of the `rows`
+/// sent ran exactly once and that its `requests` ran in fewer batches than
+/// requests (some shared one); returns the number of batches.
+pub fn assert_every_row_ran_once_batched(m: &Metrics, model: &str, rows: usize, requests: usize) -> f64 {
+    let l = [("model", model)];
+    let batches = m.sum("sluice_batch_size_count", &l);
+    assert_eq!(
+        m.sum("sluice_batch_size_sum", &l),
+        rows as f64,
+        "every row ran exactly once"
+    );
+    assert!(
+        batches < requests as f64,
+        "{batches} batches for {requests} requests: nothing was batched"
+    );
+    batches
 }

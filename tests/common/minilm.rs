@@ -3,6 +3,7 @@
 //! outputs from Python ONNX Runtime on each request alone, and one request
 //! sent over each protocol (V1, V2 JSON, V2 binary, gRPC).
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -94,18 +95,14 @@ pub fn expected_output(
     let (input, out_file) = (dir.path().join("requests.json"), dir.path().join("expected.f32"));
     let list: Vec<Value> = reqs.iter().map(Req::to_json).collect();
     std::fs::write(&input, serde_json::to_vec(&list).unwrap()).unwrap();
-    let out = Command::new(python())
-        .arg(root().join("tests/clients/minilm_expected.py"))
-        .arg(model)
-        .args([&input, &out_file])
-        .arg(output)
-        .output()
-        .expect("cannot run Python");
-    assert!(
-        out.status.success(),
-        "minilm_expected.py failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    run_script(
+        "minilm_expected.py",
+        &[
+            model.as_os_str(),
+            input.as_os_str(),
+            out_file.as_os_str(),
+            output.as_ref(),
+        ],
     );
     let bytes = std::fs::read(&out_file).unwrap();
     let mut all = bytes
@@ -120,29 +117,30 @@ pub fn expected_output(
 /// normalisation, output `sentence_embedding` [batch, 384], to `dst`
 /// (`tests/clients/minilm_pooled.py`).
 pub fn write_pooled(dst: &Path) {
-    let out = Command::new(python())
-        .arg(root().join("tests/clients/minilm_pooled.py"))
-        .arg(minilm_dir().join("model.onnx"))
-        .arg(dst)
-        .output()
-        .expect("cannot run Python");
-    assert!(
-        out.status.success(),
-        "minilm_pooled.py failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let minilm = minilm_dir().join("model.onnx");
+    run_script("minilm_pooled.py", &[minilm.as_os_str(), dst.as_os_str()]);
 }
 
-/// The test clients' Python (`scripts/setup-test-clients.sh`).
-fn python() -> PathBuf {
+/// Runs `tests/clients/<script>` with `args` on the test clients' Python
+/// (`scripts/setup-test-clients.sh`); panics with its output if it fails.
+fn run_script(script: &str, args: &[&OsStr]) {
     let python = root().join(".venv-clients/bin/python");
     assert!(
         python.is_file(),
         "{} is missing: run scripts/setup-test-clients.sh (make test does)",
         python.display()
     );
-    python
+    let out = Command::new(python)
+        .arg(root().join("tests/clients").join(script))
+        .args(args)
+        .output()
+        .expect("cannot run Python");
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The protocols a request can come by.
