@@ -21,6 +21,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 
 use common::batching::{assert_batches_group_equal, assert_every_row_ran_once_batched, repo, Lcg};
@@ -58,6 +59,22 @@ fn mixed(n: usize, seed: u64) -> Vec<Req> {
 /// `last_hidden_state`'s shape for a request alone: its rows, its own length.
 fn hidden_shape(r: &Req) -> Vec<usize> {
     vec![r.rows, r.len, HIDDEN]
+}
+
+/// Starts a server on `repo` while Python ONNX Runtime computes `reference`
+/// (seconds on 2 cores) beside it; returns both.
+async fn serve_beside(
+    repo: &Path,
+    reference: impl FnOnce() -> Vec<Vec<f32>> + Send + 'static,
+) -> (Arc<TestServer>, Vec<Vec<f32>>) {
+    let (want, s) = tokio::join!(tokio::task::spawn_blocking(reference), TestServer::start(repo));
+    (Arc::new(s), want.unwrap())
+}
+
+/// [`serve_beside`] with MiniLM's `last_hidden_state` for each of `reqs` alone.
+async fn serve_expecting(repo: &Path, reqs: &[Req]) -> (Arc<TestServer>, Vec<Vec<f32>>) {
+    let reqs = reqs.to_vec();
+    serve_beside(repo, move || expected(&reqs)).await
 }
 
 /// Sends every request at once (request `i` over `PROTOCOLS[i % 4]`), checks
@@ -100,15 +117,8 @@ async fn mixed_lengths_share_batches_over_every_protocol_and_each_answer_is_its_
     let r = repo(&[("minilm", model, settings)]);
     let reqs = mixed(40, 7);
     let rows: usize = reqs.iter().map(|r| r.rows).sum();
-    let (want, s) = tokio::join!(
-        tokio::task::spawn_blocking({
-            let reqs = reqs.clone();
-            move || expected(&reqs)
-        }),
-        TestServer::start(r.path())
-    );
-    let s = Arc::new(s);
-    let answers = send_all(&s, model, &reqs, want.unwrap(), hidden_shape).await;
+    let (s, want) = serve_expecting(r.path(), &reqs).await;
+    let answers = send_all(&s, model, &reqs, want, hidden_shape).await;
 
     let m = Metrics::scrape(&s).await;
     let l = [("model", model)];
@@ -161,12 +171,8 @@ async fn the_default_padding_bound_holds_and_answers_stay_exact() {
         "padding": {"input_ids": 0, "attention_mask": 0, "token_type_ids": 0}, "warmup": false}"#;
     let r = repo(&[("minilm", model, settings)]);
     let reqs = mixed(32, 11);
-    let want = tokio::task::spawn_blocking({
-        let reqs = reqs.clone();
-        move || expected(&reqs)
-    });
-    let s = Arc::new(TestServer::start(r.path()).await);
-    send_all(&s, model, &reqs, want.await.unwrap(), hidden_shape).await;
+    let (s, want) = serve_expecting(r.path(), &reqs).await;
+    send_all(&s, model, &reqs, want, hidden_shape).await;
     let m = Metrics::scrape(&s).await;
     let l = [("model", model)];
     let batches = m.sum("sluice_batch_padding_ratio_count", &l);
@@ -197,12 +203,11 @@ async fn a_pooled_output_is_not_cut_and_each_embedding_is_its_own() {
     write_pooled(&onnx);
     let reqs = mixed(40, 13);
     let rows: usize = reqs.iter().map(|r| r.rows).sum();
-    let want = tokio::task::spawn_blocking({
-        let (reqs, onnx) = (reqs.clone(), onnx.clone());
+    let (s, want) = serve_beside(r.path(), {
+        let reqs = reqs.clone();
         move || expected_output(&onnx, "sentence_embedding", &reqs, |r| r.rows * HIDDEN)
-    });
-    let s = Arc::new(TestServer::start(r.path()).await);
-    let want = want.await.unwrap();
+    })
+    .await;
     // An embedding has norm 1 (the reference is what it claims to be).
     for w in &want {
         for row in w.chunks(HIDDEN) {
@@ -236,12 +241,8 @@ async fn padding_switched_on_by_a_settings_edit_while_serving() {
         "padding": {"input_ids": 0, "attention_mask": 0, "token_type_ids": 0}, "max_padding_ratio": 1.0}"#;
     let r = repo(&[("minilm", model, off)]);
     let reqs = mixed(12, 19);
-    let want = tokio::task::spawn_blocking({
-        let reqs = reqs.clone();
-        move || expected(&reqs)
-    });
-    let s = Arc::new(TestServer::start(r.path()).await);
-    let cases = Arc::new((reqs.clone(), want.await.unwrap()));
+    let (s, want) = serve_expecting(r.path(), &reqs).await;
+    let cases = Arc::new((reqs.clone(), want));
     // Four clients, each cycling through the requests over one protocol.
     let clients = Clients::start(4, {
         let (s, cases) = (s.clone(), cases.clone());
@@ -316,11 +317,7 @@ async fn a_token_past_the_vocabulary_fails_alone_with_a_400() {
     let r = repo(&[("minilm", model, settings)]);
     let mut rng = Lcg(23);
     let reqs: Vec<Req> = (0..6).map(|i| Req::new(&mut rng, 1, 4 + 7 * i)).collect();
-    let want = tokio::task::spawn_blocking({
-        let reqs = reqs.clone();
-        move || expected(&reqs)
-    });
-    let s = Arc::new(TestServer::start(r.path()).await);
+    let (s, want) = serve_expecting(r.path(), &reqs).await;
     let mut bad = Req::new(&mut rng, 1, 9);
     bad.inputs[0][3] = 1_000_000_000;
     let inputs: Vec<serde_json::Value> = INPUTS
@@ -335,7 +332,7 @@ async fn a_token_past_the_vocabulary_fails_alone_with_a_400() {
                 .await
         })
     };
-    send_all(&s, model, &reqs, want.await.unwrap(), hidden_shape).await;
+    send_all(&s, model, &reqs, want, hidden_shape).await;
     let (st, body) = bad_answer.await.unwrap();
     assert_eq!(st, 400, "{body}");
     let msg = error_message(&body);
@@ -359,12 +356,7 @@ async fn without_padding_lengths_never_mix() {
     let reqs: Vec<Req> = (0..24)
         .map(|i| Req::new(&mut rng, 1, [5, 9, 13][i % 3]))
         .collect();
-    let want = tokio::task::spawn_blocking({
-        let reqs = reqs.clone();
-        move || expected(&reqs)
-    });
-    let s = Arc::new(TestServer::start(r.path()).await);
-    let want = want.await.unwrap();
+    let (s, want) = serve_expecting(r.path(), &reqs).await;
     // Over V1 only, for the batchIds.
     let mut tasks = Vec::new();
     for (r, want) in reqs.into_iter().zip(want) {
