@@ -5,14 +5,11 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// mimalloc's tuning (`--features mimalloc`; issue 11). Measured with
-/// `identity` + `mlp`, wrk at 64 clients, side by side (2026-11-24): glibc's
-/// malloc 37.7 µs of server CPU per request and 53 MiB idle RSS; mimalloc's
-/// defaults 32.6 µs and 70-72 MiB; these two options set here 35.3 µs and
-/// 66 MiB (set through MIMALLOC_ARENA_EAGER_COMMIT=0 MIMALLOC_PURGE_DELAY=0
-/// before the process starts, 35.0 µs and 54 MiB: the first arena is committed
-/// before `main`). Re-measured 2026-11-26 with fewer allocations per request:
-/// glibc 32.2 µs, mimalloc (environment-tuned) 35.0 µs; no longer a saving.
+/// mimalloc's tuning (`--features mimalloc`; issue 11). The options set here
+/// act only after the first arena, which mimalloc commits before `main`; set
+/// MIMALLOC_ARENA_EAGER_COMMIT=0 MIMALLOC_PURGE_DELAY=0 in the environment to
+/// cover it. The side-by-side figures against glibc's malloc (no longer a
+/// saving since 2026-11-26) are in benches/README.md, "Allocator".
 #[cfg(feature = "mimalloc")]
 mod allocator {
     /// mimalloc v3's option numbers (`mi_option_e` in its `mimalloc.h`;
