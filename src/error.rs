@@ -57,6 +57,10 @@ pub enum Error {
     /// A bug inside sluice (a panic caught where it happened); the message says where.
     #[error("internal error: {0}")]
     Internal(String),
+    /// A chunk of a request, from a model found not to batch after all: the
+    /// batcher runs the request again whole. Never reaches a client.
+    #[error("model `{0}`: its outputs do not follow the batch; the request runs again whole")]
+    Unbatched(String),
 }
 
 /// Stable, machine-readable error codes (what callers and metrics branch on).
@@ -118,7 +122,7 @@ impl Error {
             Error::ShuttingDown => ErrorKind::ShuttingDown,
             Error::Unauthenticated(_) => ErrorKind::Unauthenticated,
             Error::PermissionDenied(_) => ErrorKind::PermissionDenied,
-            Error::Internal(_) => ErrorKind::Internal,
+            Error::Internal(_) | Error::Unbatched(_) => ErrorKind::Internal,
         }
     }
 }

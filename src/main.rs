@@ -337,18 +337,17 @@ fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
     // The load's own checks (declared signature, `padding`), so that a folder
     // `check` passes is one `serve` loads.
     let name = settings.name.clone();
-    let padding = match sluice::repository::check_loaded(&name, &mut settings, &loaded.signature) {
-        Ok(p) => p,
+    let checked = match sluice::repository::check_loaded(&name, &mut settings, &loaded.signature) {
+        Ok(c) => c,
         Err(e) => return fail(format!("model `{name}`: {}", e.message())),
     };
+    let padding = checked.padding;
     println!("model {} OK ({})", settings.name, path.display());
     println!("provider: {}", loaded.provider_reason);
-    let batching = if loaded.signature.batchable() {
-        "dynamic dim 0: batches across requests"
-    } else {
-        "fixed dim 0: batching off"
-    };
-    println!("batching: {batching}");
+    let mut loaded = loaded;
+    for line in evidence(dir, &name, &settings, &mut loaded, checked.layout) {
+        println!("{line}");
+    }
     for (kind, specs) in [
         ("input", &loaded.signature.inputs),
         ("output", &loaded.signature.outputs),
@@ -377,6 +376,67 @@ fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
         Err(e) => return fail(format!("cannot print settings: {e}")),
     }
     ExitCode::SUCCESS
+}
+
+/// What `sluice check` says of batching and warm-up: the file's evidence,
+/// then warm-up's (a batch of 1 row and one of 2, as a load runs them).
+fn evidence(
+    dir: &Path,
+    name: &str,
+    settings: &sluice::settings::ModelSettings,
+    loaded: &mut sluice::runtime::LoadedModel,
+    file: Result<sluice::batcher::Layout, String>,
+) -> Vec<String> {
+    use sluice::model::warmup;
+    let sig = &loaded.signature;
+    let mut lines = Vec::new();
+    let samples = match warmup::samples(dir, name, sig) {
+        Ok(s) => s,
+        Err(why) => {
+            lines.push(format!("warm-up samples: skipped: {why}"));
+            Vec::new()
+        }
+    };
+    if !samples.is_empty() {
+        lines.push(format!(
+            "warm-up samples: {} request(s) in {}/",
+            samples.len(),
+            warmup::SAMPLES_DIR
+        ));
+    }
+    let found = match (settings.warmup, loaded.sessions.first_mut()) {
+        (true, Some((_, session))) => {
+            let shape = warmup::Shape {
+                sig,
+                layout: file.as_ref().ok(),
+                samples: &samples,
+            };
+            let outputs: Vec<String> = sig.outputs.iter().map(|o| o.name.clone()).collect();
+            Some(warmup::probe(session.as_mut(), shape, &outputs))
+        }
+        _ => None,
+    };
+    let batching = match (&file, found.as_ref().and_then(|f| f.off.as_ref())) {
+        (Err(why), _) => {
+            format!("off: {why} (the ONNX file's dims); each request runs alone and gets its outputs whole")
+        }
+        (Ok(_), Some(why)) => format!("off: {why}; each request runs alone and gets its outputs whole"),
+        (Ok(_), None) if !settings.batching.batching_enabled() => "off: max_batch_size is 1".into(),
+        (Ok(l), None) => format!(
+            "on, {} (a served batch may still show otherwise)",
+            l.describe(sig)
+        ),
+    };
+    lines.push(format!("batching: {batching}"));
+    lines.push(match found {
+        None => "warm-up: off (`warmup` is false)".into(),
+        Some(f) => match f.rejected {
+            Some(why) => format!("warm-up: rejected by the model, which serves cold: {why}"),
+            None if file.is_ok() => "warm-up: a batch of 1 row and one of 2 ran".into(),
+            None => "warm-up: a request-sized batch ran".into(),
+        },
+    });
+    lines
 }
 
 /// A tensor's dims as `sluice check` prints them: `[batch, sequence, 384]`,

@@ -21,6 +21,7 @@ pub const REQUESTS: &str = "sluice_requests_total";
 pub const BATCHES: &str = "sluice_batches_total";
 pub const QUEUE_SIZE: &str = "sluice_queue_size";
 pub const MODEL_READY: &str = "sluice_model_ready";
+pub const MODEL_BATCHING: &str = "sluice_model_batching";
 pub const MODEL_RELOADS: &str = "sluice_model_reloads_total";
 pub const DROPPED: &str = "sluice_requests_dropped_total";
 pub const REPOSITORY_WATCHING: &str = "sluice_repository_watching";
@@ -135,6 +136,11 @@ fn describe() {
     );
     describe_gauge!(QUEUE_SIZE, Unit::Count, "Requests waiting for a batch.");
     describe_gauge!(MODEL_READY, Unit::Count, "1 while the model serves, else 0.");
+    describe_gauge!(
+        MODEL_BATCHING,
+        Unit::Count,
+        "1 while the model's newest version batches requests together, 0 when each runs alone (the file, warm-up or a served batch showed it cannot batch; the log says why)."
+    );
     describe_gauge!(
         MODEL_MEMORY,
         Unit::Bytes,
@@ -299,6 +305,11 @@ fn request_series(model: &str, protocol: &'static str) -> RequestSeries {
 /// Whether `model` serves.
 pub fn model_ready(model: &str, ready: bool) {
     gauge!(MODEL_READY, "model" => model.to_string()).set(if ready { 1.0 } else { 0.0 });
+}
+
+/// Whether the newest version of `model` batches requests together.
+pub fn model_batching(model: &str, on: bool) {
+    gauge!(MODEL_BATCHING, "model" => model.to_string()).set(if on { 1.0 } else { 0.0 });
 }
 
 /// The serving version of `model` holds `bytes` on `device` (`cpu`, `cuda:N`); 0 once it is gone.

@@ -230,6 +230,12 @@ pub struct ModelSettings {
     /// their symbolic dims share batches (empty = padding off). Each value is a JSON number,
     /// boolean or string, checked against the input's datatype when the ONNX file is loaded.
     pub padding: std::collections::BTreeMap<String, Value>,
+    /// Batch axis per input or output name (`batch_axes`), for a model whose batch is not dim 0
+    /// of every tensor (a recurrent state `[layers, batch, hidden]` batches on axis 1); the rest
+    /// batch on dim 0, and a 0-d input is shared by the requests of a batch. Checked against the
+    /// ONNX file when it is loaded (`batcher::layout`).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub batch_axes: std::collections::BTreeMap<String, usize>,
     /// The signature the file declares (MLServer's `inputs` / `outputs`), checked against the
     /// ONNX file's at load time; `None` where not declared.
     pub declared: Declared,
@@ -286,7 +292,7 @@ pub fn validate_model_name(name: &str) -> Result<(), String> {
 /// The known fields of each object, space-separated.
 const TOP: &str = "name parameters max_batch_size max_batch_time batch_policy max_queue_size timeout \
                    instances execution_provider device_ids intra_op_threads warmup cuda batcher \
-                   padding max_batch_tokens max_padding_ratio inputs outputs implementation parallel_workers warm_workers platform versions cache_enabled";
+                   padding max_batch_tokens max_padding_ratio batch_axes inputs outputs implementation parallel_workers warm_workers platform versions cache_enabled";
 const PARAMETERS: &str = "uri version content_type format extra";
 const BATCHER: &str = "maxBatchSize maxLatency timeout";
 const TENSOR: &str = "name datatype shape parameters";
@@ -353,6 +359,14 @@ impl ModelSettings {
         };
         let warmup = get(top, "warmup").and_then(|v| w.boolean(v, "warmup"));
         let (padding, max_batch_tokens, max_padding_ratio) = w.padding_fields(top);
+        let batch_axes = get(top, "batch_axes")
+            .map(|v| w.batch_axes(v))
+            .unwrap_or_default();
+        if !batch_axes.is_empty() && !padding.is_empty() {
+            w.problems.push(
+                "`batch_axes` and `padding` are both set: a padded model batches on dim 0; remove one of them".into(),
+            );
+        }
 
         let cuda = get(top, "cuda").map_or_else(CudaOptions::default, |v| w.cuda_options(v));
         if provider == Some(ExecutionProvider::Cpu) && !cuda.is_empty() {
@@ -391,6 +405,7 @@ impl ModelSettings {
             warmup: warmup.unwrap_or(defaults.warmup),
             cuda,
             padding,
+            batch_axes,
             declared,
             unused,
         })

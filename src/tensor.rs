@@ -354,7 +354,8 @@ impl Signature {
     }
 }
 
-// After the macros above, which it uses.
+// After the macros above, which they use.
+mod axis;
 mod pad;
 
 #[cfg(test)]

@@ -108,7 +108,6 @@ fn cases() -> Vec<Case> {
             &["`input`", "[-1, 64]", "[1, 63]"]),
         post("wrong rank", V2, digits("FP32", &[64], row(0)), 400, &["`input`", "[-1, 64]", "[64]"]),
         post("element count", V2, digits("FP32", &[2, 64], row(0)), 400, &["`input`", "128 elements", "got 64"]),
-        post("zero rows", V2, digits("FP32", &[0, 64], json!([])), 400, &["`input`", "at least one row"]),
         post("FP32 out of range", V2, digits("FP32", &[1, 64], huge), 400,
             &["`input`", "element 3", "out of range for FP32"]),
         post("string for FP32", V2, digits("FP32", &[1, 64], text), 400, &["`input`", "\"abc\"", "expected a number"]),

@@ -11,6 +11,7 @@
 //! A model with `padding` batches requests of different lengths together
 //! (`padding.rs` says how, `queue/select.rs` which requests).
 
+pub mod layout;
 pub mod padding;
 mod policy;
 mod queue;
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, watch};
 
+pub use layout::{Batching, Layout};
 pub use padding::Padding;
 pub use policy::{decide, Capacity, Decision, Trigger};
 pub use queue::{Entry, EntryResult, Limits, State};
@@ -65,6 +67,8 @@ struct Inner {
     stats: Arc<ModelStats>,
     /// How requests of different lengths share batches (`None`: they never do).
     padding: Option<Arc<Padding>>,
+    /// Whether requests share batches, and along which axes (shared with the task).
+    batching: Arc<Batching>,
     /// The model's per-request metric series (a clone is in the task's `Shared`).
     metrics: metrics::ModelMetrics,
     /// The sessions run on a GPU: settings take that device's defaults.
@@ -73,15 +77,18 @@ struct Inner {
 
 impl Batcher {
     /// Starts the batching task of `model` over its session workers;
-    /// `padding` lets requests of different lengths share batches.
+    /// `padding` lets requests of different lengths share batches;
+    /// `batching` says whether requests share batches at all, and how.
     pub fn spawn(
         model: &str,
         settings: BatchSettings,
         workers: Arc<ModelWorkers>,
         outputs: Vec<String>,
         padding: Option<Padding>,
+        batching: Batching,
     ) -> Batcher {
         let padding = padding.map(Arc::new);
+        let batching = Arc::new(batching);
         let gpu = workers.on_gpu();
         let (entries, rx) = mpsc::unbounded_channel();
         let (settings_tx, settings_rx) = watch::channel(settings.on_device(gpu));
@@ -96,6 +103,7 @@ impl Batcher {
             queued: queued.clone(),
             stats: stats.clone(),
             padding: padding.clone(),
+            batching: batching.clone(),
             finished: Default::default(),
             idle: Default::default(),
             finish_wake: Default::default(),
@@ -110,6 +118,7 @@ impl Batcher {
                 queued,
                 stats,
                 padding,
+                batching,
                 metrics: model_metrics,
                 gpu,
             }),
@@ -129,6 +138,11 @@ impl Batcher {
     /// The current batch settings.
     pub fn settings(&self) -> BatchSettings {
         *self.inner.settings.borrow()
+    }
+
+    /// Whether requests share batches, along which axes, and why not.
+    pub fn batching(&self) -> &Batching {
+        &self.inner.batching
     }
 
     /// Applies new batch settings to the running batcher (no session rebuilt).
@@ -157,7 +171,10 @@ impl Batcher {
     /// accepted it may have padded differently (or not at all).
     fn requeue(&self, entry: Entry) {
         let entry = match entry.regroup(self.inner.padding.as_deref()) {
-            Ok(e) => e,
+            Ok(e) => match self.inner.batching.found() {
+                Some(layout) => e.laid_out(layout),
+                None => e,
+            },
             Err(refused) => {
                 let (e, why) = *refused;
                 let _ = e.reply.send(Err(Error::invalid(why)));
@@ -212,30 +229,43 @@ impl Batcher {
             held: true,
         };
         let deadline = arrival + settings.timeout;
-        let rows = inputs.first().map(Tensor::rows).unwrap_or(0);
+        // The layout while the model batches: a request's rows are its batch
+        // axis; one that runs alone is one inference, whatever its shapes.
+        let batching = Arc::clone(&self.inner.batching);
+        let layout = batching.layout();
+        let rows = match layout {
+            Some(l) => l.rows(&inputs).map_err(Error::invalid)?,
+            None => 1,
+        };
         // A padded model's request: its grouping key and lengths (inputs that
         // disagree on a padded dim are refused).
-        let padded = match &self.inner.padding {
-            Some(p) => Some(p.measure(&inputs).map_err(Error::invalid)?),
-            None => None,
+        let padded = match (&self.inner.padding, layout) {
+            (Some(p), Some(_)) => Some(p.measure(&inputs).map_err(Error::invalid)?),
+            _ => None,
         };
-        let mut chunk = if settings.batching_enabled() {
-            settings.max_batch_size
-        } else {
-            rows.max(1)
+        let mut chunk = match layout {
+            Some(_) if settings.batching_enabled() => settings.max_batch_size,
+            _ => rows.max(1),
         };
         if let (Some((_, lengths)), Some(max_tokens)) = (&padded, settings.max_batch_tokens) {
             // Chunks within `max_batch_tokens` (a single row longer than that runs alone).
             let per_row = lengths.iter().product::<usize>().max(1);
             chunk = chunk.min((max_tokens / per_row).max(1));
         }
-        if rows > chunk && inputs.iter().all(|t| t.row_len() == 0) {
+        if rows > chunk && inputs.iter().all(|t| t.data.is_empty()) {
             return Err(Error::invalid(format!(
                 "the inputs have {rows} rows of no elements each; such a request may have at most \
                  max_batch_size ({chunk}) rows"
             )));
         }
-        let run = self.run_chunks(inputs, rows, chunk, (arrival, deadline), padded, &mut slot);
+        let request = Request {
+            rows,
+            chunk,
+            times: (arrival, deadline),
+            padded,
+            layout,
+        };
+        let run = self.run_chunks(inputs, request, &mut slot);
         let remaining = deadline.saturating_duration_since(Instant::now());
         let (all, batch_id) = match tokio::time::timeout(remaining, run).await {
             Ok(r) => r?,
@@ -254,50 +284,65 @@ impl Batcher {
         Ok((picked, batch_id))
     }
 
-    /// Queues `inputs` in chunks of at most `chunk` rows, at most
+    /// Queues a request in chunks of at most `chunk` rows, at most
     /// [`CHUNKS_IN_FLIGHT`] at a time (the next is cut when the oldest is
     /// answered, so a request of millions of narrow rows holds a bounded
     /// number of queue entries), and joins their outputs in order. Returns
     /// every output (signature order) and the id of the last chunk's batch.
+    ///
+    /// A chunk answered [`Error::Unbatched`] ran on a model found not to
+    /// batch after all: the request then runs again whole, and alone.
     async fn run_chunks(
         &self,
         inputs: Vec<Tensor>,
-        rows: usize,
-        chunk: usize,
-        (arrival, deadline): (Instant, Instant),
-        padded: Option<(Vec<Vec<usize>>, Vec<usize>)>,
+        r: Request<'_>,
         slot: &mut Slot<'_>,
     ) -> Result<(Vec<Tensor>, Arc<str>)> {
-        let n_chunks = rows.div_ceil(chunk).max(1);
-        if n_chunks == 1 {
+        let n_chunks = r.rows.div_ceil(r.chunk).max(1);
+        let (Some(layout), true) = (r.layout, n_chunks > 1) else {
             // The common case: the inputs are moved, not copied, and nothing is joined.
-            let rx = self.queue_chunk(inputs, true, (arrival, deadline), padded, slot)?;
+            let rx = self.queue_chunk(inputs, (true, true), r.times, r.padded, r.layout, slot)?;
             return rx.await.map_err(|_| self.unloading())?;
-        }
-        // Freed once the last chunk is cut.
-        let mut whole = Some(inputs);
+        };
         let mut in_flight = std::collections::VecDeque::new();
         let mut joined: Option<(Vec<Tensor>, Arc<str>)> = None;
         let mut next = 0;
         while next < n_chunks || !in_flight.is_empty() {
             while next < n_chunks && in_flight.len() < CHUNKS_IN_FLIGHT {
-                let (start, end) = (next * chunk, ((next + 1) * chunk).min(rows));
-                let inputs = whole.as_ref().expect("inputs kept while chunking");
-                let part = inputs.iter().map(|t| t.slice_rows(start..end)).collect();
+                let (start, end) = (next * r.chunk, ((next + 1) * r.chunk).min(r.rows));
+                let part = inputs
+                    .iter()
+                    .zip(&layout.inputs)
+                    .map(|(t, a)| match a {
+                        Some(a) => t.slice_axis(*a, start..end),
+                        None => t.clone(),
+                    })
+                    .collect();
                 next += 1;
-                let times = (arrival, deadline);
-                in_flight.push_back(self.queue_chunk(part, next == n_chunks, times, padded.clone(), slot)?);
-            }
-            if next == n_chunks {
-                whole = None;
+                let last = next == n_chunks;
+                in_flight.push_back(self.queue_chunk(
+                    part,
+                    (last, false),
+                    r.times,
+                    r.padded.clone(),
+                    r.layout,
+                    slot,
+                )?);
             }
             let rx = in_flight.pop_front().expect("a chunk in flight");
-            let (part, id) = rx.await.map_err(|_| self.unloading())??;
+            let (part, id) = match rx.await.map_err(|_| self.unloading())? {
+                Err(Error::Unbatched(_)) => {
+                    // The chunks still queued run and are dropped; the request runs whole.
+                    let rx = self.queue_chunk(inputs, (slot.held, true), r.times, None, None, slot)?;
+                    return rx.await.map_err(|_| self.unloading())?;
+                }
+                other => other?,
+            };
             match &mut joined {
                 None => joined = Some((part, id)),
                 Some((all, last_id)) => {
-                    for (a, p) in all.iter_mut().zip(&part) {
-                        a.append_rows(p);
+                    for (a, (p, axis)) in all.iter_mut().zip(part.iter().zip(&layout.outputs)) {
+                        *a = Tensor::concat_axis(&[&*a, p], *axis);
                     }
                     *last_id = id;
                 }
@@ -307,21 +352,29 @@ impl Batcher {
     }
 
     /// Queues one chunk of a request; `last`: the request's last chunk,
-    /// which takes over its admission slot. Its answer comes on the receiver.
+    /// which takes over its admission slot; `whole`: the entry is the whole
+    /// request. Its answer comes on the receiver.
     fn queue_chunk(
         &self,
         part: Vec<Tensor>,
-        last: bool,
+        (last, whole): (bool, bool),
         (arrival, deadline): (Instant, Instant),
         padded: Option<(Vec<Vec<usize>>, Vec<usize>)>,
+        layout: Option<&Layout>,
         slot: &mut Slot<'_>,
     ) -> Result<oneshot::Receiver<EntryResult>> {
         let (tx, rx) = oneshot::channel();
         let mut entry = Entry::new(part, arrival, deadline, tx);
+        match layout {
+            Some(l) => entry = entry.laid_out(l),
+            // Runs alone: one entry fills its batch.
+            None => entry.rows = 1,
+        }
         if let Some((key, lengths)) = padded {
             entry = entry.padded(key, lengths);
         }
         entry.releases_slot = last;
+        entry.whole = whole;
         (entry.span, entry.queue_span) = crate::telemetry::enqueued();
         // Only fails if the task died; the guard then releases the slot.
         self.inner
@@ -352,6 +405,20 @@ impl Batcher {
             })
             .collect()
     }
+}
+
+/// How one admitted request is queued (see [`Batcher::run_chunks`]).
+struct Request<'a> {
+    /// Its rows along the batch axis (1 for a request that runs alone).
+    rows: usize,
+    /// Most rows of one chunk.
+    chunk: usize,
+    /// Its arrival and deadline.
+    times: (Instant, Instant),
+    /// A padded model's grouping key and lengths.
+    padded: Option<(Vec<Vec<usize>>, Vec<usize>)>,
+    /// The model's batch axes while it batches.
+    layout: Option<&'a Layout>,
 }
 
 /// Most chunks of one request queued at once (see [`Batcher::run_chunks`]).

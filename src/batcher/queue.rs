@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use super::layout::Layout;
 use super::padding::Padding;
 use crate::error::Error;
 use crate::settings::BatchSettings;
@@ -45,6 +46,9 @@ pub struct Entry {
     /// True for a request's last chunk (or its only entry): when it leaves
     /// the queue, the request no longer counts against `max_queue_size`.
     pub releases_slot: bool,
+    /// True when the entry is the whole request, not one chunk of it: run
+    /// alone, its outputs are its answer whatever their shapes.
+    pub whole: bool,
     /// The request's `infer` span, which its batch links to
     /// (`Span::none()` when tracing is off).
     pub span: tracing::Span,
@@ -75,6 +79,7 @@ impl Entry {
             deadline,
             reply,
             releases_slot: true,
+            whole: true,
             span: tracing::Span::none(),
             queue_span: tracing::Span::none(),
         }
@@ -106,6 +111,17 @@ impl Entry {
             Ok((key, lengths)) => Ok(self.padded(key, lengths)),
             Err(why) => Err(Box::new((self, why))),
         }
+    }
+
+    /// The entry of a model whose tensors batch as `layout` says (another
+    /// axis than dim 0, or 0-d inputs): its rows and key by that layout.
+    /// `layout` checked the entry's rows when its request was admitted.
+    pub fn laid_out(mut self, layout: &Layout) -> Entry {
+        if !layout.is_plain() {
+            self.rows = layout.rows(&self.inputs).unwrap_or(self.rows);
+            self.key = layout.key(&self.inputs);
+        }
+        self
     }
 
     /// Padded elements per row: the product of its lengths (1 without padding).

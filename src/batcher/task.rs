@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch, Notify};
 use tracing::Instrument;
 
+use super::layout::{Batching, Layout};
 use super::padding::Padding;
 use super::policy::{decide, Capacity, Decision, Trigger};
 use super::queue::{Dropped, Entry, Limits, State};
@@ -45,6 +46,9 @@ pub(super) struct Shared {
     pub stats: Arc<ModelStats>,
     /// How requests of different lengths are padded into one batch (`None`: they never are).
     pub padding: Option<Arc<Padding>>,
+    /// Whether requests share batches, and along which axes; turned off
+    /// here when a batch's outputs do not follow its rows.
+    pub batching: Arc<Batching>,
     /// Batches whose session is free again: their run times, pushed as
     /// each run ends by the thread that ran it (a session thread, or the
     /// batching task for an inline run), before the answers are cut and
@@ -123,7 +127,11 @@ pub(super) async fn batching_task(
         if !open && state.is_empty() && in_flight == 0 {
             break;
         }
-        let current = *settings.borrow();
+        let mut current = *settings.borrow();
+        if shared.batching.layout().is_none() {
+            // Each request runs alone.
+            current.max_batch_size = 1;
+        }
         let decision = if draining || !open {
             // Retired or closed: run what is queued as soon as a session can take it.
             match !state.is_empty() && in_flight <= instances {
@@ -324,6 +332,8 @@ impl Drop for Done {
 /// Runs one batch and answers each entry with its own rows. A batch that
 /// fails inside ONNX Runtime is retried entry by entry, so that one bad
 /// request fails alone (its session counts as free after the first try).
+/// A batch whose outputs do not follow its rows turns batching off for the
+/// model (see `layout.rs`), and its entries run again alone.
 async fn run_batch(done: Arc<Done>, mut batch: Vec<Entry>) {
     let shared = Arc::clone(&done.shared);
     let shared = &*shared;
@@ -332,52 +342,117 @@ async fn run_batch(done: Arc<Done>, mut batch: Vec<Entry>) {
     let span = telemetry::batch_span(&shared.model, &batch_id, batch.iter().map(|e| (&e.span, e.rows)));
     let result = run(shared, &mut batch, Some(done)).instrument(span.clone()).await;
     match result {
-        Ok(Ran { outputs, times }) if batch.len() == 1 => {
+        Ok(Ran { outputs, times }) if batch.len() == 1 && batch[0].whole => {
             let e = batch.pop().expect("one entry");
+            // It ran alone: its outputs are its answer, whatever their shapes.
+            // Whether they follow its rows is evidence for the batches to come.
+            if let Some(Err(why)) = shared.batching.layout().map(|l| l.follows(&outputs, e.rows)) {
+                shared.batching.turn_off(why);
+            }
             shared.stats.executed(1, e.rows, times);
             let _ = e.reply.send(Ok((outputs, batch_id)));
         }
         Ok(Ran { outputs, mut times }) => {
             let split = Instant::now();
             let rows: usize = batch.iter().map(|e| e.rows).sum();
-            let mut offset = 0;
-            let answers: Vec<(Entry, Vec<Tensor>)> = batch
-                .into_iter()
-                .map(|e| {
-                    let range = offset..offset + e.rows;
-                    let mine = match &shared.padding {
-                        // Each output dim padding changed is cut back to the entry's lengths.
-                        Some(p) => p.split(&outputs, range, &e.lengths),
-                        None => outputs.iter().map(|t| t.slice_rows(range.clone())).collect(),
-                    };
-                    offset += e.rows;
-                    (e, mine)
-                })
-                .collect();
-            // Counted before anyone is answered, so a client that reads the
-            // statistics after its answer sees its batch.
-            times.output = split.elapsed();
-            shared.stats.executed(answers.len(), rows, times);
-            for (e, mine) in answers {
-                let _ = e.reply.send(Ok((mine, batch_id.clone())));
+            match cut(shared, &batch, &outputs, rows) {
+                Ok(parts) => {
+                    // Counted before anyone is answered, so a client that reads the
+                    // statistics after its answer sees its batch.
+                    times.output = split.elapsed();
+                    shared.stats.executed(batch.len(), rows, times);
+                    for (e, mine) in batch.into_iter().zip(parts) {
+                        let _ = e.reply.send(Ok((mine, batch_id.clone())));
+                    }
+                }
+                Err(evidence) => {
+                    shared.batching.turn_off(evidence);
+                    alone(shared, batch).await;
+                }
             }
         }
         Err(err) if batch.len() > 1 && matches!(err, Error::Runtime { .. } | Error::InvalidInput(_)) => {
             tracing::warn!(model = %shared.model, requests = batch.len(), error = %err, "batch failed; retrying its requests one by one");
-            for mut e in batch {
-                let id = next_batch_id();
-                let r = run(shared, std::slice::from_mut(&mut e), None).await.map(|ran| {
-                    shared.stats.executed(1, e.rows, ran.times);
-                    (ran.outputs, id)
-                });
-                let _ = e.reply.send(r);
-            }
+            alone(shared, batch).await;
         }
         Err(err) => {
             for e in batch {
                 let _ = e.reply.send(Err(err.clone()));
             }
         }
+    }
+}
+
+/// Each entry's own part of the batch's outputs: its rows, and for a padded
+/// model its lengths. Err: the outputs do not follow the batch's rows (or
+/// its padded lengths), with the evidence.
+fn cut(
+    shared: &Shared,
+    batch: &[Entry],
+    outputs: &[Tensor],
+    rows: usize,
+) -> Result<Vec<Vec<Tensor>>, String> {
+    // A batch of several entries, or of a chunk, forms only while the model batches.
+    let plain;
+    let layout = match shared.batching.found() {
+        Some(l) => l,
+        None => {
+            plain = Layout::plain(batch[0].inputs.len(), outputs.len());
+            &plain
+        }
+    };
+    layout.follows(outputs, rows)?;
+    let padded = shared.padding.as_ref().filter(|_| batch.len() > 1);
+    if let Some(p) = padded {
+        p.check_outputs(outputs, &longest(batch))?;
+    }
+    let mut offset = 0;
+    Ok(batch
+        .iter()
+        .map(|e| {
+            let range = offset..offset + e.rows;
+            offset += e.rows;
+            match padded {
+                // Each output dim padding changed is cut back to the entry's lengths.
+                Some(p) => p.split(outputs, range, &e.lengths),
+                None => layout.split(outputs, range),
+            }
+        })
+        .collect())
+}
+
+/// Runs each entry of a batch alone and answers it. A chunk of a request
+/// on a model that no longer batches is answered [`Error::Unbatched`]
+/// without running: its request runs again whole.
+async fn alone(shared: &Shared, batch: Vec<Entry>) {
+    for mut e in batch {
+        let id = next_batch_id();
+        let unbatched = || Err(Error::Unbatched(shared.model.to_string()));
+        let r = if !e.whole && shared.batching.off().is_some() {
+            unbatched()
+        } else {
+            match run(shared, std::slice::from_mut(&mut e), None).await {
+                Ok(ran) => {
+                    // A chunk's outputs are joined with the other chunks': they must follow its rows.
+                    let follows = match (e.whole, shared.batching.found()) {
+                        (false, Some(l)) => l.follows(&ran.outputs, e.rows),
+                        _ => Ok(()),
+                    };
+                    match follows {
+                        Ok(()) => {
+                            shared.stats.executed(1, e.rows, ran.times);
+                            Ok((ran.outputs, id))
+                        }
+                        Err(why) => {
+                            shared.batching.turn_off(why);
+                            unbatched()
+                        }
+                    }
+                }
+                Err(err) => Err(err),
+            }
+        };
+        let _ = e.reply.send(r);
     }
 }
 
@@ -388,19 +463,18 @@ struct Ran {
     times: BatchTimes,
 }
 
-/// Concatenates the entries' inputs (a lone entry's inputs are moved, not
-/// copied: it is never retried), runs them, and checks that every output
-/// has one row per input row.
+/// Concatenates the entries' inputs along their batch axes (a lone entry's
+/// inputs are moved, not copied: it is never retried) and runs them.
 async fn run(shared: &Shared, batch: &mut [Entry], on_free: Option<Arc<Done>>) -> Result<Ran, Error> {
-    let rows: usize = batch.iter().map(|e| e.rows).sum();
     let concat = Instant::now();
     // A padded model's batch is padded to its longest entry in each padded dim.
     let padded = shared.padding.as_ref().filter(|_| batch.len() > 1);
     let max = longest(batch);
-    let inputs: Vec<Tensor> = match padded {
+    let inputs: Vec<Tensor> = match (padded, shared.batching.found()) {
         _ if batch.len() == 1 => std::mem::take(&mut batch[0].inputs),
-        Some(p) => p.concat(&batch.iter().map(|e| &e.inputs[..]).collect::<Vec<_>>(), &max),
-        None => (0..batch[0].inputs.len())
+        (Some(p), _) => p.concat(&batch.iter().map(|e| &e.inputs[..]).collect::<Vec<_>>(), &max),
+        (None, Some(layout)) => layout.concat(&batch.iter().map(|e| &e.inputs[..]).collect::<Vec<_>>()),
+        (None, None) => (0..batch[0].inputs.len())
             .map(|i| Tensor::concat_rows(&batch.iter().map(|e| &e.inputs[i]).collect::<Vec<_>>()))
             .collect(),
     };
@@ -430,22 +504,6 @@ async fn run(shared: &Shared, batch: &mut [Entry], on_free: Option<Arc<Done>>) -
     match result {
         Ok((outputs, infer)) => {
             shared.metrics.inference(infer);
-            if let Some(bad) = outputs.iter().find(|t| t.rows() != rows || t.shape.is_empty()) {
-                return Err(Error::Runtime {
-                    model,
-                    message: format!(
-                        "output `{}` has shape {:?}, but the batch has {rows} rows: sluice needs every output's dim 0 to follow the inputs' to split a batch",
-                        bad.name, bad.shape
-                    )
-                    .into(),
-                });
-            }
-            if let Some(Err(message)) = padded.map(|p| p.check_outputs(&outputs, &max)) {
-                return Err(Error::Runtime {
-                    model,
-                    message: message.into(),
-                });
-            }
             let times = BatchTimes {
                 input,
                 infer,

@@ -11,19 +11,16 @@ fn micros(d: std::time::Duration) -> u64 {
 }
 
 impl ModelHandle {
-    /// The model's configuration in Triton's shape. A model whose every
-    /// input and output has a dynamic dim 0 has a batch dimension
-    /// (`max_batch_size >= 1`, the current `max_batch_size` setting); one
-    /// with a fixed dim 0 has none (`0`). `dynamic_batching` is present when
-    /// requests are batched together.
+    /// The model's configuration in Triton's shape. A model that batches on
+    /// dim 0 of every tensor has a batch dimension (`max_batch_size >= 1`,
+    /// the current `max_batch_size` setting); one that does not batch, or
+    /// batches on another axis, has none (`0`: each tensor's whole shape).
+    /// `dynamic_batching` is present when requests are batched together.
     pub fn config(&self) -> ModelConfig {
         let batching = self.batcher().settings();
-        let max_batch_size = if self.signature.batchable() {
-            batching.max_batch_size.max(1)
-        } else {
-            0
-        };
-        let dynamic = (self.signature.batchable() && batching.batching_enabled()).then(|| DynamicBatching {
+        let plain = self.batcher().batching().layout().is_some_and(|l| l.is_plain());
+        let max_batch_size = if plain { batching.max_batch_size.max(1) } else { 0 };
+        let dynamic = (plain && batching.batching_enabled()).then(|| DynamicBatching {
             max_queue_delay_microseconds: micros(batching.max_batch_time),
             default_queue_policy: QueuePolicy {
                 max_queue_size: batching.max_queue_size,

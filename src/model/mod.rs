@@ -8,7 +8,7 @@ pub mod warmup;
 use std::time::Instant;
 
 use crate::batcher::Batcher;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::protocol::{self, InferRequest, InferResponse};
 use crate::settings::ModelSettings;
 use crate::tensor::Signature;
@@ -24,6 +24,8 @@ pub struct ModelHandle {
     pub provider_reason: String,
     /// What this version holds in memory.
     pub memory: Memory,
+    /// Why the model rejected its warm-up, when it did: it serves cold.
+    pub warmup_rejected: Option<String>,
     batcher: Batcher,
 }
 
@@ -67,6 +69,7 @@ impl ModelHandle {
             signature,
             provider_reason,
             memory,
+            warmup_rejected: None,
             batcher,
         }
     }
@@ -80,6 +83,7 @@ impl ModelHandle {
             signature: self.signature.clone(),
             provider_reason: self.provider_reason.clone(),
             memory: self.memory.clone(),
+            warmup_rejected: self.warmup_rejected.clone(),
             batcher: self.batcher.clone(),
         }
     }
@@ -87,6 +91,19 @@ impl ModelHandle {
     /// The model's batcher (to apply new batch settings in place).
     pub fn batcher(&self) -> &Batcher {
         &self.batcher
+    }
+
+    /// Whether requests share batches, as the repository index and
+    /// `sluice check` say it: `on, along …` or `off: why`.
+    pub fn batching_report(&self) -> String {
+        let b = self.batcher.batching();
+        match (b.layout(), b.off()) {
+            (Some(l), _) if self.batcher.settings().batching_enabled() => {
+                format!("on, {}", l.describe(&self.signature))
+            }
+            (Some(_), _) => "off: max_batch_size is 1".into(),
+            (None, why) => format!("off: {}", why.unwrap_or("-")),
+        }
     }
 
     pub fn version(&self) -> Option<&str> {
@@ -108,12 +125,6 @@ impl ModelHandle {
     async fn run(&self, mut req: InferRequest, arrival: Instant) -> Result<InferResponse> {
         crate::telemetry::record_version(self.version());
         protocol::validate(&mut req, &self.name, &self.signature)?;
-        if req.rows() == 0 {
-            return Err(Error::invalid(format!(
-                "model `{}`: the request has 0 rows in dim 0",
-                self.name
-            )));
-        }
         let (tensors, batch_id) = self
             .batcher
             .submit(req.inputs, req.outputs.as_deref(), arrival)

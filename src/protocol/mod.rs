@@ -120,22 +120,6 @@ pub fn validate(req: &mut InferRequest, model: &str, sig: &Signature) -> Result<
         req.inputs = ordered;
     }
 
-    let batched = sig.inputs.iter().all(|s| s.shape.first() == Some(&-1));
-    if let (true, Some(first)) = (batched, req.inputs.first()) {
-        if first.shape[0] == 0 {
-            return Err(Error::invalid(format!(
-                "input `{}`: dim 0 is 0; a request needs at least one row",
-                first.name
-            )));
-        }
-        if let Some(other) = req.inputs.iter().find(|t| t.shape[0] != first.shape[0]) {
-            return Err(Error::invalid(format!(
-                "input `{}` has {} rows (dim 0) but input `{}` has {}; every input must have the same dim 0",
-                other.name, other.shape[0], first.name, first.shape[0]
-            )));
-        }
-    }
-
     if let Some(outputs) = &req.outputs {
         for (i, name) in outputs.iter().enumerate() {
             if sig.output(name).is_none() {
@@ -288,16 +272,6 @@ mod tests {
             err(check(vec![bad, m(6)], None)),
             "input `x`: expected shape [-1, 3], got [6]"
         );
-    }
-
-    #[test]
-    fn validate_checks_dim0_across_inputs() {
-        let m = err(check(vec![x(2), m(3)], None));
-        assert_eq!(
-            m,
-            "input `m` has 3 rows (dim 0) but input `x` has 2; every input must have the same dim 0"
-        );
-        assert!(err(check(vec![x(0), self::m(0)], None)).contains("dim 0 is 0"));
     }
 
     #[test]

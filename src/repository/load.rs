@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::describe;
-use crate::batcher::{Batcher, Padding};
+use crate::batcher::{layout, Batcher, Batching, Layout, Padding};
 use crate::error::error_chain;
 use crate::error::Error;
 use crate::model::warmup;
@@ -14,7 +14,7 @@ use crate::model::{DeviceBytes, Memory, ModelHandle};
 use crate::pool::{ModelWorkers, Pool};
 use crate::runtime::{device_memory, Device, Runtime, RuntimeError};
 use crate::settings::{ExecutionProvider, ModelSettings};
-use crate::tensor::Signature;
+use crate::tensor::{Signature, Tensor};
 
 /// Why a version of a model could not be loaded, by what it takes to fix it
 /// (the repository API answers with the matching status).
@@ -72,7 +72,8 @@ impl From<RuntimeError> for LoadError {
 }
 
 /// Loads `settings` from the folder `dir` into a new, warmed-up version.
-/// The error names what failed (file, provider, warm-up).
+/// The error names what failed (file, provider). A warm-up the model
+/// rejects is a warning: the version serves cold.
 pub async fn build(
     runtime: &Arc<dyn Runtime>,
     pool: &Pool,
@@ -87,7 +88,7 @@ pub async fn build(
     // The first reading creates the CUDA context; host memory is read after
     // it, so that the context's host pages are not charged to this model.
     let maybe_gpu = settings.execution_provider != ExecutionProvider::Cpu;
-    let (loaded, gpu_before, resident_before) = tokio::task::spawn_blocking(move || {
+    let (mut loaded, gpu_before, resident_before) = tokio::task::spawn_blocking(move || {
         let before = if maybe_gpu {
             device_memory::used_per_device()
         } else {
@@ -98,7 +99,7 @@ pub async fn build(
     })
     .await
     .map_err(|e| LoadError::Internal(format!("loading {} panicked: {e}", path.display())))??;
-    let padding = check_loaded(name, &mut settings, &loaded.signature)?;
+    let Checked { padding, layout } = check_loaded(name, &mut settings, &loaded.signature)?;
     let devices: Vec<String> = loaded.sessions.iter().map(|(d, _)| d.to_string()).collect();
     let cuda_ids: Vec<u32> = loaded
         .sessions
@@ -109,24 +110,56 @@ pub async fn build(
         })
         .collect();
     let outputs: Vec<String> = loaded.signature.outputs.iter().map(|o| o.name.clone()).collect();
-    let warm = match settings.warmup {
-        true => warmup::plan(
-            &loaded.signature,
+    let started = Instant::now();
+    let evidence = match settings.warmup {
+        true => probe(name, dir, &mut loaded, layout.clone(), &outputs).await?,
+        false => Evidence {
+            layout,
+            samples: Vec::new(),
+            rejected: None,
+        },
+    };
+    let mut rejected = evidence.rejected;
+    let warm = match (settings.warmup, &rejected) {
+        (true, None) => warmup::plan(
+            warmup::Shape {
+                sig: &loaded.signature,
+                layout: evidence.layout.as_ref().ok(),
+                samples: &evidence.samples,
+            },
             settings.batching.max_batch_size,
             padding.as_ref(),
             settings.batching.max_batch_tokens,
         ),
-        false => Vec::new(),
+        _ => Vec::new(),
     };
     let padded = padding.as_ref().map(|p| p.symbols().join(","));
-    let started = Instant::now();
     let (workers, warmed) = ModelWorkers::spawn(name, loaded.sessions, pool, warm, outputs.clone());
     for w in warmed {
-        w.await
-            .map_err(|_| LoadError::Internal("a session thread died during warm-up".into()))?
-            .map_err(LoadError::Files)?;
+        let result = w
+            .await
+            .map_err(|_| LoadError::Internal("a session thread died during warm-up".into()))?;
+        if let (Err(why), None) = (result, &rejected) {
+            rejected = Some(why);
+        }
     }
-    let batcher = Batcher::spawn(name, settings.batching, Arc::new(workers), outputs, padding);
+    if let Some(why) = &rejected {
+        tracing::warn!(model = %name, reason = %why, "the model rejected its warm-up; it serves cold (its first requests may be slower)");
+    }
+    let layout = evidence.layout;
+    let batching_log = match &layout {
+        Ok(l) => format!("on, {}", l.describe(&loaded.signature)),
+        Err(why) => format!("off ({why})"),
+    };
+    let batching = Batching::new(name, layout);
+    let batcher = Batcher::spawn(
+        name,
+        settings.batching,
+        Arc::new(workers),
+        outputs,
+        padding,
+        batching,
+    );
     // The padded dims, and the bound the batcher enforces (its device's default when unset).
     let padded =
         padded.map(|dims| format!("{dims} (max_padding_ratio {})", batcher.settings().max_padding()));
@@ -143,6 +176,7 @@ pub async fn build(
         provider = %loaded.provider_reason,
         inputs = %describe(&loaded.signature.inputs),
         outputs = %describe(&loaded.signature.outputs),
+        batching = %batching_log,
         max_batch_size = settings.batching.max_batch_size,
         policy = ?settings.batching.policy,
         padded = padded.as_deref().unwrap_or("-"),
@@ -151,29 +185,100 @@ pub async fn build(
         weights_bytes = memory.weights_bytes,
         "model ready"
     );
-    Ok(ModelHandle::new(
+    let mut handle = ModelHandle::new(
         name.to_string(),
         settings,
         loaded.signature,
         loaded.provider_reason,
         memory,
         batcher,
-    ))
+    );
+    handle.warmup_rejected = rejected;
+    Ok(handle)
 }
 
-/// Checks a loaded file against its settings: the declared signature, and
-/// `padding` against the file's inputs, outputs and dim names (returned).
-/// Logs the MLServer fields that are accepted but unused, and turns
-/// batching off (with a warning) for a file whose first dims are fixed.
-/// Every load runs it, and so does `sluice check`, so that a folder the
-/// check passes is one the server loads.
+/// What the file and warm-up showed before a version serves.
+struct Evidence {
+    /// The batch axes, or why the model does not batch.
+    layout: Result<Layout, String>,
+    /// The sample requests of the folder's `warmup/` (empty: zero-filled).
+    samples: Vec<Vec<Tensor>>,
+    /// Why warm-up could not run (the version serves cold).
+    rejected: Option<String>,
+}
+
+/// Reads the folder's sample requests and runs [`warmup::probe`] on the
+/// first session: the layout the file gave stands unless a batch of 1 or 2
+/// rows shows the outputs do not follow it.
+async fn probe(
+    name: &str,
+    dir: &std::path::Path,
+    loaded: &mut crate::runtime::LoadedModel,
+    layout: Result<Layout, String>,
+    outputs: &[String],
+) -> Result<Evidence, LoadError> {
+    let samples = match warmup::samples(dir, name, &loaded.signature) {
+        Ok(s) => s,
+        Err(why) => {
+            tracing::warn!(model = %name, reason = %why, "warm-up sample skipped (fix or remove the file); warming up with zeros");
+            Vec::new()
+        }
+    };
+    let Some((device, session)) = loaded.sessions.pop() else {
+        return Ok(Evidence {
+            layout,
+            samples,
+            rejected: None,
+        });
+    };
+    let (sig, outs, file_layout) = (loaded.signature.clone(), outputs.to_vec(), layout.clone());
+    let samples_in = samples.clone();
+    let (session, found) = tokio::task::spawn_blocking(move || {
+        let mut session = session;
+        let shape = warmup::Shape {
+            sig: &sig,
+            layout: file_layout.as_ref().ok(),
+            samples: &samples_in,
+        };
+        let found = warmup::probe(session.as_mut(), shape, &outs);
+        (session, found)
+    })
+    .await
+    .map_err(|e| LoadError::Internal(format!("the warm-up of {name} panicked: {e}")))?;
+    loaded.sessions.push((device, session));
+    let layout = match (layout, found.off) {
+        (Ok(_), Some(why)) => Err(why),
+        (layout, _) => layout,
+    };
+    Ok(Evidence {
+        layout,
+        samples,
+        rejected: found.rejected,
+    })
+}
+
+/// What [`check_loaded`] found in a loaded file.
+pub struct Checked {
+    /// How requests of different lengths share batches (`padding`).
+    pub padding: Option<Padding>,
+    /// The file's batch axes, or why the file says the model cannot batch.
+    pub layout: Result<Layout, String>,
+}
+
+/// Checks a loaded file against its settings: the declared signature,
+/// `padding` and `batch_axes` against the file's inputs, outputs and dim
+/// names, and what the file says of batching (`batcher::layout::decide`).
+/// Logs the MLServer fields that are accepted but unused. Every load runs
+/// it, and so does `sluice check`, so that a folder the check passes is one
+/// the server loads.
 pub fn check_loaded(
     name: &str,
     settings: &mut ModelSettings,
     signature: &Signature,
-) -> Result<Option<Padding>, LoadError> {
+) -> Result<Checked, LoadError> {
     settings.check_declared(signature).map_err(LoadError::Files)?;
     let padding = Padding::new(signature, &settings.padding).map_err(LoadError::Files)?;
+    layout::check_declared(signature, &settings.batch_axes).map_err(LoadError::Files)?;
     if !settings.unused.is_empty() {
         tracing::info!(
             model = %name,
@@ -181,14 +286,11 @@ pub fn check_loaded(
             "MLServer fields accepted but not used by sluice"
         );
     }
-    if settings.batching.batching_enabled() && !signature.batchable() {
-        tracing::warn!(
-            model = %name,
-            "the ONNX file fixes the first dimension of an input or output; serving with batching off"
-        );
-        settings.batching.max_batch_size = 1;
+    let layout = layout::decide(signature, &settings.batch_axes);
+    if let (Err(why), true) = (&layout, settings.batching.batching_enabled()) {
+        tracing::info!(model = %name, reason = %why, "serving with batching off: each request runs alone and gets its outputs whole");
     }
-    Ok(padding)
+    Ok(Checked { padding, layout })
 }
 
 /// The GPU memory each of `cuda_ids` gained since `before` was read (empty
@@ -206,10 +308,10 @@ async fn device_growth(before: &[u64], cuda_ids: &[u32]) -> Vec<DeviceBytes> {
         .collect()
 }
 
-/// `settings` as a model that cannot batch must run them: `max_batch_size`
-/// stays 1 when the serving version found the first dimension fixed.
+/// `settings` as the serving version runs them: `max_batch_size` stays 1
+/// when it was found not to batch.
 pub fn effective(serving: &ModelHandle, mut settings: ModelSettings) -> ModelSettings {
-    if !serving.signature.batchable() {
+    if serving.batcher().batching().off().is_some() {
         settings.batching.max_batch_size = settings.batching.max_batch_size.min(1);
     }
     settings

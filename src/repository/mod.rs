@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
-pub use load::check_loaded;
+pub use load::{check_loaded, Checked};
 pub use registry::{ModelEntry, Registry};
 
 use crate::error::Error;

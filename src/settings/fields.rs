@@ -158,6 +158,23 @@ impl Walker {
         out
     }
 
+    /// `batch_axes`: tensor name → the axis its batch is on (0 to 31), for a
+    /// model whose batch is not dim 0 of every tensor (a recurrent state
+    /// `[layers, batch, hidden]`: 1). Checked against the ONNX file at load time.
+    pub(super) fn batch_axes(&mut self, v: &Value) -> BTreeMap<String, usize> {
+        let expected = "an object of input or output name → batch axis, e.g. {\"state\": 1, \"stateN\": 1}";
+        let Some(obj) = v.as_object() else {
+            return self.bad("batch_axes", expected, v).unwrap_or_default();
+        };
+        let mut out = BTreeMap::new();
+        for (name, axis) in obj {
+            if let Some(a) = self.int(axis, &format!("batch_axes.{name}"), 0, 31) {
+                out.insert(name.clone(), a as usize);
+            }
+        }
+        out
+    }
+
     pub(super) fn device_ids(&mut self, v: &Value) -> Vec<u32> {
         let expected = "a non-empty array of GPU indices (integers between 0 and 63)";
         let ids = match v.as_array() {

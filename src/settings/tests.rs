@@ -75,6 +75,7 @@ fn full_file_with_every_field() {
         warmup: false,
         cuda,
         padding: Default::default(),
+        batch_axes: Default::default(),
         declared: Declared::default(),
         unused: Vec::new(),
     };

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::Batcher;
+use super::{Batcher, Batching, Layout};
 use crate::error::Error;
 use crate::pool::{ModelWorkers, Pool, PoolLimits};
 use crate::runtime::{Device, RuntimeError, Session};
@@ -162,7 +162,8 @@ fn start_on(pool: &Pool, name: &str, settings: BatchSettings, delay: Duration, i
         .collect();
     let outputs = vec!["y".to_string()];
     let (workers, _warmed) = ModelWorkers::spawn(name, sessions, pool, Vec::new(), outputs.clone());
-    let batcher = Batcher::spawn(name, settings, Arc::new(workers), outputs, None);
+    let batching = Batching::new(name, Ok(Layout::plain(1, 1)));
+    let batcher = Batcher::spawn(name, settings, Arc::new(workers), outputs, None, batching);
     Model { batcher, seen, gate }
 }
 
