@@ -13,6 +13,10 @@ Writes:
                              inputs + outputs computed with Python onnxruntime
   tests/fixtures/models/{dtypes,bf16,multi_io,fixed_batch,scalar_out,scalar_out_v2,broken,varlen,slow}/
                              small hand-built models for server edge cases
+  tests/fixtures/models/{detector,stateful,generated_names}/
+                             bare folders (no settings) whose batch is not plain
+                             dim 0: a data-dependent row count, a state batched
+                             on axis 1 beside a 0-d input, generated dim names
   tests/fixtures/models/identity/
                              FP32[N,16] -> the same, for the request-path bench
                              (benches/request_path.rs): per-request cost, no compute
@@ -110,10 +114,13 @@ def finish_model(graph: onnx.GraphProto) -> onnx.ModelProto:
     return m
 
 
-def save_model(folder: Path, model: onnx.ModelProto, settings: dict) -> Path:
+def save_model(folder: Path, model: onnx.ModelProto, settings: dict | None) -> Path:
+    """Writes model.onnx, and model-settings.json unless `settings` is None
+    (a bare folder, as a user drops one in)."""
     path = folder / "model.onnx"
     write_bytes(path, model.SerializeToString())
-    write_settings(folder, settings)
+    if settings is not None:
+        write_settings(folder, settings)
     return path
 
 
@@ -525,6 +532,126 @@ def make_identity() -> None:
 # --------------------------------------------------------------------------- main
 
 
+def make_detector() -> None:
+    """A detector's tail: candidate boxes [x1, y1, x2, y2, score] in, the
+    ones scoring over 0.5 out (`dets`) with their indices (`keep`), as
+    detectors end after non-maximum suppression: a data-dependent count of
+    rows, not the batch. Its dims carry exporter-generated names, so only
+    warm-up or a served batch can show that it does not batch."""
+    g = helper.make_graph(
+        [
+            helper.make_node("Gather", ["boxes", "four"], ["score"], axis=1, name="score"),
+            helper.make_node("Greater", ["score", "half"], ["kept"], name="over_half"),
+            helper.make_node("Compress", ["boxes", "kept"], ["dets"], axis=0, name="compress"),
+            helper.make_node("NonZero", ["kept"], ["nz"], name="nonzero"),
+            helper.make_node("Squeeze", ["nz", "zero"], ["keep"], name="indices"),
+        ],
+        "detector",
+        [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["unk__0", 5])],
+        [
+            helper.make_tensor_value_info("dets", TensorProto.FLOAT, ["unk__1", 5]),
+            helper.make_tensor_value_info("keep", TensorProto.INT64, ["unk__2"]),
+        ],
+        initializer=[
+            numpy_helper.from_array(np.array(4, np.int64), "four"),
+            numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+            numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        ],
+    )
+    path = save_model(TEST_MODELS / "detector", finish_model(g), None)
+    sess = session(path)
+    boxes = np.array([[0, 0, 1, 1, 0.9], [0, 0, 2, 2, 0.1], [1, 1, 3, 3, 0.7]], np.float32)
+    dets, keep = sess.run(None, {"boxes": boxes})
+    assert np.array_equal(dets, boxes[[0, 2]]) and np.array_equal(keep, [0, 2])
+    print(f"detector: {rel(path)} ({path.stat().st_size} B) {describe(sess)}")
+
+
+def make_stateful() -> None:
+    """A voice-activity model's shape: audio `input` [batch, samples], a
+    recurrent `state` [2, batch, 3] (batch on axis 1) and a 0-d sample rate
+    `sr`; out a probability `output` [batch, 1] and the next `stateN`
+    [2, batch, 3]. A reflect pad of 2 needs at least 3 samples, so a
+    zero-filled warm-up of 1 sample is rejected. Each row depends on its own
+    row alone, so batching along `state`'s axis 1 gives each request what it
+    would get alone."""
+    w = np.array([[0.5, -1.0, 2.0]], np.float32)
+    g = helper.make_graph(
+        [
+            helper.make_node("Pad", ["input", "pads"], ["padded"], mode="reflect", name="reflect_pad"),
+            helper.make_node("ReduceMean", ["padded"], ["mean"], axes=[1], keepdims=1, name="mean"),
+            helper.make_node("MatMul", ["mean", "w"], ["proj"], name="proj"),
+            helper.make_node("Gather", ["state", "i0"], ["s0"], axis=0, name="state0"),
+            helper.make_node("Gather", ["state", "i1"], ["s1"], axis=0, name="state1"),
+            helper.make_node("Mul", ["s1", "halfc"], ["s1h"], name="half_state1"),
+            helper.make_node("Add", ["proj", "s0"], ["a"], name="add0"),
+            helper.make_node("Add", ["a", "s1h"], ["b"], name="add1"),
+            helper.make_node("Cast", ["sr"], ["srf"], to=TensorProto.FLOAT, name="sr_float"),
+            helper.make_node("Div", ["srf", "rate"], ["scale"], name="scale"),
+            helper.make_node("Mul", ["b", "scale"], ["c"], name="scaled"),
+            helper.make_node("Tanh", ["c"], ["h"], name="tanh"),
+            helper.make_node("ReduceSum", ["h", "axis1"], ["hs"], keepdims=1, name="sum"),
+            helper.make_node("Sigmoid", ["hs"], ["output"], name="prob"),
+            helper.make_node("Mul", ["h", "halfc"], ["hh"], name="half_h"),
+            helper.make_node("Unsqueeze", ["h", "zero"], ["u0"], name="u0"),
+            helper.make_node("Unsqueeze", ["hh", "zero"], ["u1"], name="u1"),
+            helper.make_node("Concat", ["u0", "u1"], ["stateN"], axis=0, name="next_state"),
+        ],
+        "stateful",
+        [
+            helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", "samples"]),
+            helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", 3]),
+            helper.make_tensor_value_info("sr", TensorProto.INT64, []),
+        ],
+        [
+            helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 1]),
+            helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, "batch", 3]),
+        ],
+        initializer=[
+            numpy_helper.from_array(np.array([0, 2, 0, 2], np.int64), "pads"),
+            numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+            numpy_helper.from_array(np.array([0], np.int64), "zero"),
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(np.array(0, np.int64), "i0"),
+            numpy_helper.from_array(np.array(1, np.int64), "i1"),
+            numpy_helper.from_array(np.array(0.5, np.float32), "halfc"),
+            numpy_helper.from_array(np.array(16000.0, np.float32), "rate"),
+        ],
+    )
+    path = save_model(TEST_MODELS / "stateful", finish_model(g), None)
+    sess = session(path)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
+    state = np.zeros((2, 2, 3), np.float32)
+    out, state_n = sess.run(None, {"input": x, "state": state, "sr": np.array(16000, np.int64)})
+    mean = np.pad(x, ((0, 0), (2, 2)), mode="reflect").mean(axis=1, keepdims=True)
+    h = np.tanh(mean @ w)
+    assert np.allclose(out, 1 / (1 + np.exp(-h.sum(axis=1, keepdims=True))), atol=1e-6)
+    assert state_n.shape == (2, 2, 3) and np.allclose(state_n[1], h * 0.5, atol=1e-6)
+    try:
+        sess.run(None, {"input": x[:, :1], "state": state, "sr": np.array(16000, np.int64)})
+        one = "NOT rejected"
+    except Exception:  # onnxruntime: a reflect pad of 2 needs 3 samples
+        one = "rejected"
+    print(f"stateful: {rel(path)} ({path.stat().st_size} B) {describe(sess)}; 1 sample {one}")
+
+
+def make_generated_names() -> None:
+    """A classifier exported with a different generated name for one batch
+    dim on each side (`unk__214` in, `unk__215` out): it must batch."""
+    w = np.arange(8, dtype=np.float32).reshape(4, 2) / 8
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="logits")],
+        "generated_names",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["unk__214", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["unk__215", 2])],
+        initializer=[numpy_helper.from_array(w, "w")],
+    )
+    path = save_model(TEST_MODELS / "generated_names", finish_model(g), None)
+    sess = session(path)
+    x = np.ones((3, 4), np.float32)
+    assert np.allclose(sess.run(None, {"x": x})[0], x @ w)
+    print(f"generated_names: {rel(path)} ({path.stat().st_size} B) {describe(sess)}")
+
+
 MAKERS = {
     "digits": make_digits,
     "mlp": make_mlp,
@@ -538,6 +665,9 @@ MAKERS = {
     "varlen": make_varlen,
     "slow": make_slow,
     "identity": make_identity,
+    "detector": make_detector,
+    "stateful": make_stateful,
+    "generated_names": make_generated_names,
 }
 
 

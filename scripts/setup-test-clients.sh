@@ -63,7 +63,20 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$want_stamp" ]]; then
   echo "$want_stamp" > "$STAMP"
 fi
 
-# 3. perf_analyzer: the wheel installs it as $VENV/bin/perf_analyzer.
+# 3. The rapidocr-onnxruntime wheel, for its three ONNX models (a text
+#    detector, a recognizer, a direction classifier) in the conformance
+#    corpus (tests/models_as_they_come.rs). Only downloaded, never installed:
+#    its dependencies (OpenCV) are not needed to read the files.
+RAPIDOCR="$VENV/wheels/rapidocr_onnxruntime-1.4.4-py3-none-any.whl"
+RAPIDOCR_SHA256=971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf
+if [[ ! -f "$RAPIDOCR" ]] || ! echo "$RAPIDOCR_SHA256  $RAPIDOCR" | sha256sum -c --quiet - 2>/dev/null; then
+  log "downloading the rapidocr-onnxruntime 1.4.4 wheel (its ONNX models) ..."
+  "$VENV/bin/python" -m pip download --disable-pip-version-check --quiet --no-deps --only-binary=:all: \
+    --dest "$VENV/wheels" rapidocr-onnxruntime==1.4.4 || die "pip download rapidocr-onnxruntime failed"
+  echo "$RAPIDOCR_SHA256  $RAPIDOCR" | sha256sum -c --quiet - || die "$RAPIDOCR: unexpected sha256"
+fi
+
+# 4. perf_analyzer: the wheel installs it as $VENV/bin/perf_analyzer.
 [[ -x "$VENV/bin/perf_analyzer" ]] || die "$VENV/bin/perf_analyzer not found: the tritonclient wheel changed?"
 if ! scripts/perf-analyzer.sh --version >/dev/null 2>&1; then
   scripts/perf-analyzer.sh --version >&2 || true

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use crate::metrics;
-use crate::tensor::{Signature, Tensor, TensorData, TensorSpec};
+use crate::tensor::{Signature, Tensor, TensorSpec};
 
 /// The batch axis of each input and output of a model that batches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -281,27 +281,19 @@ impl Layout {
     }
 }
 
-/// A 0-d (or any small) tensor's shape and value, as key words: equal keys,
-/// equal tensors.
+/// A 0-d input's shape and value as key words: equal keys, equal tensors
+/// (the value's bytes as the binary extension writes them, length-prefixed
+/// strings for BYTES).
 fn value_key(t: &Tensor) -> Vec<usize> {
+    let bytes = crate::protocol::binary::encode(&t.data);
     let mut key: Vec<usize> = t.shape.clone();
     key.push(usize::MAX);
-    let mut bytes = |b: &[u8]| {
-        key.push(b.len());
-        key.extend(b.chunks(8).map(|c| {
-            let mut w = [0u8; 8];
-            w[..c.len()].copy_from_slice(c);
-            u64::from_le_bytes(w) as usize
-        }));
-    };
-    match &t.data {
-        TensorData::Bytes(v) => v.iter().for_each(|s| bytes(s)),
-        data => crate::with_tensor_data!(data, v => {
-            for x in v {
-                bytes(&format!("{x:?}").into_bytes());
-            }
-        }),
-    }
+    key.push(bytes.len());
+    key.extend(bytes.chunks(8).map(|c| {
+        let mut w = [0u8; 8];
+        w[..c.len()].copy_from_slice(c);
+        u64::from_le_bytes(w) as usize
+    }));
     key
 }
 
@@ -366,7 +358,7 @@ impl Batching {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::DataType;
+    use crate::tensor::{DataType, TensorData};
 
     fn spec(name: &str, shape: &[i64], dims: &[&str]) -> TensorSpec {
         TensorSpec {

@@ -215,6 +215,14 @@ pub struct IndexEntry {
     /// placement by e.g. ModelMesh); absent when no version serves.
     #[serde(skip_serializing_if = "Option::is_none")]
     memory: Option<crate::model::Memory>,
+    /// Whether the serving version batches requests together: `on, along
+    /// …`, or `off: why` (sluice's addition); absent when no version serves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    batching: Option<String>,
+    /// Why the serving version rejected its warm-up, when it did: it serves
+    /// cold (sluice's addition).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warmup: Option<String>,
 }
 
 /// `POST /v2/repository/index`: every model with its state and, when not ready, why.
@@ -231,6 +239,12 @@ pub async fn repository_index(State(state): State<AppState>) -> Json<Vec<IndexEn
                 },
                 state: e.state.as_str(),
                 memory: e.handle.as_ref().map(|h| h.memory.clone()),
+                batching: e.handle.as_ref().map(|h| h.batching_report()),
+                warmup: e
+                    .handle
+                    .as_ref()
+                    .and_then(|h| h.warmup_rejected.as_ref())
+                    .map(|why| format!("rejected by the model, which serves cold: {why}")),
                 name: e.name,
                 version: e.version,
             })

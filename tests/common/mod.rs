@@ -249,7 +249,7 @@ impl TestServer {
 
     /// `POST /v2/repository/index`, as a map from model name to its entry,
     /// each without its `memory` (a measurement; `tests/memory.rs` checks
-    /// it), which a serving model's entry must have.
+    /// it) and its `batching`, which a serving model's entry must have.
     pub async fn index(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
         let (st, body) = self.post("/v2/repository/index", &serde_json::json!({})).await;
         assert_eq!(st, 200, "{body}");
@@ -261,11 +261,14 @@ impl TestServer {
             .map(|e| {
                 let mut e = e.clone();
                 let memory = e.as_object_mut().unwrap().remove("memory");
+                let batching = e.as_object_mut().unwrap().remove("batching");
                 if e["state"] == "READY" {
                     assert!(
                         memory.is_some_and(|m| m["weights_bytes"].is_u64()),
                         "no memory in {e}"
                     );
+                    // `tests/models_as_they_come.rs` checks what it says.
+                    assert!(batching.is_some_and(|b| b.is_string()), "no batching in {e}");
                 }
                 (e["name"].as_str().unwrap().to_string(), e)
             })
