@@ -13,7 +13,7 @@ Writes:
                              inputs + outputs computed with Python onnxruntime
   tests/fixtures/models/{dtypes,bf16,multi_io,fixed_batch,scalar_out,scalar_out_v2,broken,varlen,slow}/
                              small hand-built models for server edge cases
-  tests/fixtures/models/{detector,stateful,generated_names}/
+  tests/fixtures/models/{detector,stateful,generated_names,scalars}/
                              bare folders (no settings) whose batch is not plain
                              dim 0: a data-dependent row count, a state batched
                              on axis 1 beside a 0-d input, generated dim names
@@ -652,6 +652,25 @@ def make_generated_names() -> None:
     print(f"generated_names: {rel(path)} ({path.stat().st_size} B) {describe(sess)}")
 
 
+def make_scalars() -> None:
+    """Every datatype as a 0-d tensor, in and out (Identity): no input has a
+    batch dim, so the model runs each request alone."""
+    inputs, outputs, nodes = [], [], []
+    for suffix, onnx_type, _ in DTYPES:
+        inputs.append(helper.make_tensor_value_info(f"in_{suffix}", onnx_type, []))
+        outputs.append(helper.make_tensor_value_info(f"out_{suffix}", onnx_type, []))
+        nodes.append(helper.make_node("Identity", [f"in_{suffix}"], [f"out_{suffix}"], name=f"id_{suffix}"))
+    g = helper.make_graph(nodes, "scalars", inputs, outputs)
+    path = save_model(TEST_MODELS / "scalars", finish_model(g), None)
+    sess = session(path)
+    feeds = {f"in_{s}": sample(s, dt, 1).reshape(-1)[0].reshape(()) if s != "bytes" else np.array("s0", dtype=object)
+             for s, _, dt in DTYPES}
+    feeds = {k: np.asarray(v) for k, v in feeds.items()}
+    for (suffix, _, _), out in zip(DTYPES, sess.run(None, feeds)):
+        assert out.shape == () and out == feeds[f"in_{suffix}"], suffix
+    print(f"scalars: {rel(path)} ({path.stat().st_size} B): 0-d Identity round-trip OK")
+
+
 MAKERS = {
     "digits": make_digits,
     "mlp": make_mlp,
@@ -668,6 +687,7 @@ MAKERS = {
     "detector": make_detector,
     "stateful": make_stateful,
     "generated_names": make_generated_names,
+    "scalars": make_scalars,
 }
 
 

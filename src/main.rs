@@ -433,7 +433,11 @@ fn evidence(
         Some(f) => match f.rejected {
             Some(why) => format!("warm-up: rejected by the model, which serves cold: {why}"),
             None if file.is_err() => "warm-up: a batch of 1 row ran".into(),
-            None if f.off.as_deref().is_some_and(|o| o.contains("for a batch of 1 row")) => {
+            None if f
+                .off
+                .as_deref()
+                .is_some_and(|o| o.contains("for a batch of 1 row")) =>
+            {
                 "warm-up: a batch of 1 row ran".into()
             }
             None => "warm-up: a batch of 1 row and one of 2 ran".into(),

@@ -182,7 +182,11 @@ async fn a_model_with_a_fixed_batch_dim_is_served_with_batching_off() {
     );
     // Its dim 0 is not a batch: each request is one inference, as Triton
     // counts a model with `max_batch_size: 0`.
-    assert_eq!(m.sum("sluice_batch_size_sum", &l), 10.0, "every batch of one request");
+    assert_eq!(
+        m.sum("sluice_batch_size_sum", &l),
+        10.0,
+        "every batch of one request"
+    );
     assert_eq!(
         m.sum("sluice_batch_size_bucket", &[("model", model), ("le", "1")]),
         10.0

@@ -365,7 +365,7 @@ mod tests {
             t("state", vec![2, 1], vec![3, 4]),
             t("sr", vec![], vec![8000]),
         ];
-        let b = batches(shape(&sig, Some(&layout), &[sample.clone()]), 3);
+        let b = batches(shape(&sig, Some(&layout), std::slice::from_ref(&sample)), 3);
         let sizes: Vec<(Vec<usize>, Vec<usize>)> = b
             .iter()
             .map(|i| (i[0].shape.clone(), i[1].shape.clone()))
@@ -381,7 +381,7 @@ mod tests {
         assert_eq!(b[1][1].data, TensorData::I64(vec![3, 3, 4, 4]));
         assert_eq!(b[2][2], sample[2]);
         // Unbatched: the sample as it is, once.
-        let once = batches(shape(&sig, None, &[sample.clone()]), 3);
+        let once = batches(shape(&sig, None, std::slice::from_ref(&sample)), 3);
         assert_eq!(once, vec![sample]);
         // Zero-filled with the layout: the rows on each batch axis, a 0-d input 0-d.
         let z = batches(shape(&sig, Some(&layout), &[]), 2);

@@ -61,7 +61,10 @@ def main() -> int:
     cases = []
     for i, r in enumerate(requests):
         inputs = {name: tensor(spec) for name, spec in r.items()}
-        feeds = {k: (v.astype(str) if v.dtype == np.object_ else v) for k, v in inputs.items()}
+        feeds = {
+            k: (np.vectorize(lambda b: b.decode(), otypes=[object])(v) if v.dtype == np.object_ else v)
+            for k, v in inputs.items()
+        }
         expected = sess.run(None, feeds)
         cases.append({"name": args.name, "inputs": inputs, "outputs": dict(zip(out_names, expected)), "i": i})
 
