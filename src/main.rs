@@ -378,8 +378,8 @@ fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// What `sluice check` says of batching and warm-up: the file's evidence,
-/// then warm-up's (a batch of 1 row and one of 2, as a load runs them).
+/// What `sluice check` says of batching and warm-up: what a load would
+/// find (the file's evidence, then warm-up's probe on the first session).
 fn evidence(
     dir: &Path,
     name: &str,
@@ -387,60 +387,45 @@ fn evidence(
     loaded: &mut sluice::runtime::LoadedModel,
     file: Result<sluice::batcher::Layout, String>,
 ) -> Vec<String> {
-    use sluice::model::warmup;
-    let sig = &loaded.signature;
+    let session = loaded.sessions.first_mut().filter(|_| settings.warmup);
+    let from_file = file.is_ok();
+    let e = sluice::repository::warm::gather(
+        name,
+        dir,
+        &loaded.signature,
+        session.map(|(_, s)| s.as_mut()),
+        file,
+    );
     let mut lines = Vec::new();
-    let samples = match warmup::samples(dir, name, sig) {
-        Ok(s) => s,
-        Err(why) => {
-            lines.push(format!("warm-up samples: skipped: {why}"));
-            Vec::new()
-        }
-    };
-    if !samples.is_empty() {
+    if let Some(why) = &e.samples_skipped {
+        lines.push(format!("warm-up samples: skipped: {why}"));
+    } else if !e.samples.is_empty() {
+        let dir = sluice::model::warmup::SAMPLES_DIR;
         lines.push(format!(
-            "warm-up samples: {} request(s) in {}/",
-            samples.len(),
-            warmup::SAMPLES_DIR
+            "warm-up samples: {} request(s) in {dir}/",
+            e.samples.len()
         ));
     }
-    let found = match (settings.warmup, loaded.sessions.first_mut()) {
-        (true, Some((_, session))) => {
-            let shape = warmup::Shape {
-                sig,
-                layout: file.as_ref().ok(),
-                samples: &samples,
-            };
-            let outputs: Vec<String> = sig.outputs.iter().map(|o| o.name.clone()).collect();
-            Some(warmup::probe(session.as_mut(), shape, &outputs))
-        }
-        _ => None,
-    };
-    let batching = match (&file, found.as_ref().and_then(|f| f.off.as_ref())) {
-        (Err(why), _) => {
-            format!("off: {why} (the ONNX file's dims); each request runs alone and gets its outputs whole")
-        }
-        (Ok(_), Some(why)) => format!("off: {why}; each request runs alone and gets its outputs whole"),
-        (Ok(_), None) if !settings.batching.batching_enabled() => "off: max_batch_size is 1".into(),
-        (Ok(l), None) => format!(
+    let whole = "each request runs alone and gets its outputs whole";
+    let batching = match &e.layout {
+        Err(why) if !from_file => format!("off: {why} (the ONNX file's dims); {whole}"),
+        Err(why) => format!("off: {why}; {whole}"),
+        Ok(_) if !settings.batching.batching_enabled() => "off: max_batch_size is 1".into(),
+        Ok(l) => format!(
             "on, {} (a served batch may still show otherwise)",
-            l.describe(sig)
+            l.describe(&loaded.signature)
         ),
     };
     lines.push(format!("batching: {batching}"));
-    lines.push(match found {
+    lines.push(match e.probe {
         None => "warm-up: off (`warmup` is false)".into(),
-        Some(f) => match f.rejected {
-            Some(why) => format!("warm-up: rejected by the model, which serves cold: {why}"),
-            None if file.is_err() => "warm-up: a batch of 1 row ran".into(),
-            None if f
-                .off
-                .as_deref()
-                .is_some_and(|o| o.contains("for a batch of 1 row")) =>
-            {
+        Some(p) => match (p.rejected, p.off) {
+            (Some(why), _) => format!("warm-up: rejected by the model, which serves cold: {why}"),
+            (None, Some(off)) if off.contains("for a batch of 1 row") => {
                 "warm-up: a batch of 1 row ran".into()
             }
-            None => "warm-up: a batch of 1 row and one of 2 ran".into(),
+            (None, _) if !from_file => "warm-up: a request-sized batch ran".into(),
+            (None, _) => "warm-up: a batch of 1 row and one of 2 ran".into(),
         },
     });
     lines

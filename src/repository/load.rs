@@ -5,16 +5,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::describe;
+use super::{describe, warm};
 use crate::batcher::{layout, Batcher, Batching, Layout, Padding};
 use crate::error::error_chain;
 use crate::error::Error;
-use crate::model::warmup;
 use crate::model::{DeviceBytes, Memory, ModelHandle};
-use crate::pool::{ModelWorkers, Pool};
+use crate::pool::Pool;
 use crate::runtime::{device_memory, Device, Runtime, RuntimeError};
 use crate::settings::{ExecutionProvider, ModelSettings};
-use crate::tensor::{Signature, Tensor};
+use crate::tensor::Signature;
 
 /// Why a version of a model could not be loaded, by what it takes to fix it
 /// (the repository API answers with the matching status).
@@ -111,55 +110,15 @@ pub async fn build(
         .collect();
     let outputs: Vec<String> = loaded.signature.outputs.iter().map(|o| o.name.clone()).collect();
     let started = Instant::now();
-    let evidence = match settings.warmup {
-        true => probe(name, dir, &mut loaded, layout.clone(), &outputs).await?,
-        false => Evidence {
-            layout,
-            samples: Vec::new(),
-            rejected: None,
-        },
-    };
-    let mut rejected = evidence.rejected;
-    let warm = match (settings.warmup, &rejected) {
-        (true, None) => warmup::plan(
-            warmup::Shape {
-                sig: &loaded.signature,
-                layout: evidence.layout.as_ref().ok(),
-                samples: &evidence.samples,
-            },
-            settings.batching.max_batch_size,
-            padding.as_ref(),
-            settings.batching.max_batch_tokens,
-        ),
-        _ => Vec::new(),
-    };
     let padded = padding.as_ref().map(|p| p.symbols().join(","));
-    let (workers, warmed) = ModelWorkers::spawn(name, loaded.sessions, pool, warm, outputs.clone());
-    for w in warmed {
-        let result = w
-            .await
-            .map_err(|_| LoadError::Internal("a session thread died during warm-up".into()))?;
-        if let (Err(why), None) = (result, &rejected) {
-            rejected = Some(why);
-        }
-    }
-    if let Some(why) = &rejected {
-        tracing::warn!(model = %name, reason = %why, "the model rejected its warm-up; it serves cold (its first requests may be slower)");
-    }
-    let layout = evidence.layout;
-    let batching_log = match &layout {
+    let warmed = warm::warm(name, dir, pool, &settings, padding.as_ref(), &mut loaded, layout).await?;
+    let batching_log = match &warmed.layout {
         Ok(l) => format!("on, {}", l.describe(&loaded.signature)),
         Err(why) => format!("off ({why})"),
     };
-    let batching = Batching::new(name, layout);
-    let batcher = Batcher::spawn(
-        name,
-        settings.batching,
-        Arc::new(workers),
-        outputs,
-        padding,
-        batching,
-    );
+    let batching = Batching::new(name, warmed.layout);
+    let workers = Arc::new(warmed.workers);
+    let batcher = Batcher::spawn(name, settings.batching, workers, outputs, padding, batching);
     // The padded dims, and the bound the batcher enforces (its device's default when unset).
     let padded =
         padded.map(|dims| format!("{dims} (max_padding_ratio {})", batcher.settings().max_padding()));
@@ -193,68 +152,8 @@ pub async fn build(
         memory,
         batcher,
     );
-    handle.warmup_rejected = rejected;
+    handle.warmup_rejected = warmed.rejected;
     Ok(handle)
-}
-
-/// What the file and warm-up showed before a version serves.
-struct Evidence {
-    /// The batch axes, or why the model does not batch.
-    layout: Result<Layout, String>,
-    /// The sample requests of the folder's `warmup/` (empty: zero-filled).
-    samples: Vec<Vec<Tensor>>,
-    /// Why warm-up could not run (the version serves cold).
-    rejected: Option<String>,
-}
-
-/// Reads the folder's sample requests and runs [`warmup::probe`] on the
-/// first session: the layout the file gave stands unless a batch of 1 or 2
-/// rows shows the outputs do not follow it.
-async fn probe(
-    name: &str,
-    dir: &std::path::Path,
-    loaded: &mut crate::runtime::LoadedModel,
-    layout: Result<Layout, String>,
-    outputs: &[String],
-) -> Result<Evidence, LoadError> {
-    let samples = match warmup::samples(dir, name, &loaded.signature) {
-        Ok(s) => s,
-        Err(why) => {
-            tracing::warn!(model = %name, reason = %why, "warm-up sample skipped (fix or remove the file); warming up with zeros");
-            Vec::new()
-        }
-    };
-    let Some((device, session)) = loaded.sessions.pop() else {
-        return Ok(Evidence {
-            layout,
-            samples,
-            rejected: None,
-        });
-    };
-    let (sig, outs, file_layout) = (loaded.signature.clone(), outputs.to_vec(), layout.clone());
-    let samples_in = samples.clone();
-    let (session, found) = tokio::task::spawn_blocking(move || {
-        let mut session = session;
-        let shape = warmup::Shape {
-            sig: &sig,
-            layout: file_layout.as_ref().ok(),
-            samples: &samples_in,
-        };
-        let found = warmup::probe(session.as_mut(), shape, &outs);
-        (session, found)
-    })
-    .await
-    .map_err(|e| LoadError::Internal(format!("the warm-up of {name} panicked: {e}")))?;
-    loaded.sessions.push((device, session));
-    let layout = match (layout, found.off) {
-        (Ok(_), Some(why)) => Err(why),
-        (layout, _) => layout,
-    };
-    Ok(Evidence {
-        layout,
-        samples,
-        rejected: found.rejected,
-    })
 }
 
 /// What [`check_loaded`] found in a loaded file.

@@ -17,6 +17,7 @@ pub mod files;
 mod load;
 pub mod registry;
 pub mod scan;
+pub mod warm;
 pub mod watcher;
 
 use std::collections::BTreeMap;
