@@ -144,16 +144,14 @@ fn serve_all(req: &InferRequest, encoding: &OutputEncoding) {
 }
 
 /// What the server does with a validated request, the model run aside: a
-/// request of no rows is refused (`ModelHandle::infer`); a batchable one
-/// goes through the batcher's concatenation and split; the answer (the
-/// request's tensors, named as the outputs) is encoded by every protocol.
+/// batchable one goes through the batcher's concatenation and split; the
+/// answer (the request's tensors, named as the outputs; empty ones too) is
+/// encoded by every protocol.
 fn serve(req: InferRequest, model: &str, sig: &Signature, encoding: &OutputEncoding) {
     let rows = req.rows();
-    if rows == 0 {
-        return;
-    }
     let bounded = rows.saturating_mul(2) <= MAX_ROWS;
-    if bounded && sig.batchable() {
+    // A request of no rows is never chunked (it runs as one entry).
+    if bounded && rows > 0 && sig.batchable() {
         for t in &req.inputs {
             batch_round_trip(t);
         }
