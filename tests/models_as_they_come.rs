@@ -483,3 +483,51 @@ async fn every_datatype_as_a_0d_and_as_an_empty_tensor_over_every_protocol() {
     answers_as_alone(&s, "dtypes", &model_file("dtypes"), &json!([empty]), 2).await;
     s.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_datatype_over_kserve_v1() {
+    let repo = repo_with(&["dtypes", "bf16"]);
+    let s = TestServer::start(repo.path()).await;
+    // Two instances, each an object with one row of every input; the model
+    // is an identity, so each prediction holds the same rows.
+    let mut rows = [serde_json::Map::new(), serde_json::Map::new()];
+    for (suffix, datatype, value) in DATATYPES {
+        for (i, row) in rows.iter_mut().enumerate() {
+            let v = match datatype {
+                "BOOL" => json!([i == 0, i == 1]),
+                "FP16" | "FP32" | "FP64" => json!([value, value * (i as f64 + 2.0)]),
+                _ => json!([value as i64, i as i64]),
+            };
+            row.insert(format!("in_{suffix}"), v);
+        }
+    }
+    for (i, row) in rows.iter_mut().enumerate() {
+        row.insert("in_bytes".into(), json!([format!("é{i}"), ""]));
+    }
+    let (st, body) = s
+        .post("/v1/models/dtypes:predict", &json!({"instances": rows}))
+        .await;
+    assert_eq!(st, 200, "{body}");
+    let predictions = body["predictions"].as_array().unwrap();
+    assert_eq!(predictions.len(), 2, "{body}");
+    for (i, p) in predictions.iter().enumerate() {
+        for (name, sent) in &rows[i] {
+            let out = format!("out_{}", name.strip_prefix("in_").unwrap());
+            assert_eq!(&p[&out], sent, "instance {i}, {out}: {body}");
+        }
+    }
+    // BF16 (values a bfloat16 holds exactly) and its FP32 cast.
+    let (st, body) = s
+        .post(
+            "/v1/models/bf16:predict",
+            &json!({"instances": [[1.5, -2.0], [256.0, 0.0078125]]}),
+        )
+        .await;
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(
+        body["predictions"],
+        json!([{"y": [1.5, -2.0], "f": [1.5, -2.0]}, {"y": [256.0, 0.0078125], "f": [256.0, 0.0078125]}]),
+        "{body}"
+    );
+    s.stop().await.unwrap();
+}
