@@ -124,6 +124,7 @@ impl Server {
             registry: handle.registry().clone(),
             repository: handle,
             ready: Arc::new(AtomicBool::new(false)),
+            ready_rule: ready_rule(repo),
             stopping: Arc::new(AtomicBool::new(false)),
             max_body_bytes: config.http.max_body_bytes,
             access: access::Access::from_config(&config),
@@ -189,6 +190,7 @@ impl Server {
             registry: state.registry.clone(),
             repository: state.repository.clone(),
             ready: state.ready.clone(),
+            ready_rule: state.ready_rule.clone(),
             max_message_bytes: config.grpc.max_message_bytes,
             max_outstanding_per_stream: config.grpc.max_outstanding_per_stream,
             access: access::Access::from_config(&config),
@@ -255,6 +257,16 @@ async fn cancel_runs(pool: &pool::Pool) {
         tracing::info!(running, "the cancelled batches stopped");
     } else {
         tracing::error!(limit = ?STOP_LIMIT, "batches still running after being cancelled; exiting anyway");
+    }
+}
+
+/// What server readiness asks of the models: with `model_name`, that
+/// model's readiness; with `strict_readiness`, every model's.
+fn ready_rule(repo: &config::RepositoryConfig) -> repository::ReadyRule {
+    match (&repo.model_name, repo.strict_readiness) {
+        (Some(name), _) => repository::ReadyRule::Model(name.clone()),
+        (None, true) => repository::ReadyRule::Strict,
+        (None, false) => repository::ReadyRule::Loaded,
     }
 }
 

@@ -75,9 +75,76 @@ async fn kserve_mnt_models_the_file_itself_served_under_the_model_name() {
 async fn kserve_mnt_models_without_a_model_file_says_so() {
     let mnt = tempfile::tempdir().unwrap();
     std::fs::write(mnt.path().join("README"), "no model here").unwrap();
-    let s = TestServer::start_with(mnt.path(), |c| c.model_repository.model_name = Some("m".into())).await;
+    let s = TestServer::start_loaded(mnt.path(), |c| c.model_repository.model_name = Some("m".into())).await;
     let why = unavailable_reason(&s.index().await, "m");
     assert!(why.contains("no model.onnx, no other *.onnx file"), "{why}");
+    // Its one model cannot serve: the server is not ready (KServe's probe).
+    assert_eq!(s.get("/v2/health/ready").await.0, 503);
+    s.stop().await.unwrap();
+}
+
+/// Single-model mode (`--model-name`, KServe's layout): server readiness,
+/// REST and gRPC, is the model's. Garbage, an empty file and bad settings
+/// JSON each keep the server unready; a model that serves makes it ready.
+#[tokio::test]
+async fn kserve_mnt_models_readiness_is_the_one_models() {
+    use common::grpc::client;
+    use sluice::protocol::grpc::inference::ServerReadyRequest;
+    let bad: [(&str, &[u8]); 3] = [
+        ("model.onnx", b"not an onnx file"),
+        ("model.onnx", b""),
+        ("model-settings.json", b"{not json"),
+    ];
+    for (file, bytes) in bad {
+        let mnt = tempfile::tempdir().unwrap();
+        if file == "model-settings.json" {
+            std::fs::copy(digits_onnx(), mnt.path().join("model.onnx")).unwrap();
+        }
+        std::fs::write(mnt.path().join(file), bytes).unwrap();
+        let s =
+            TestServer::start_loaded(mnt.path(), |c| c.model_repository.model_name = Some("m".into())).await;
+        assert_eq!(s.index().await["m"]["state"], "UNAVAILABLE", "{file}");
+        assert_eq!(s.get("/v2/health/ready").await.0, 503, "{file} {bytes:?}");
+        let ready = client(&s)
+            .await
+            .server_ready(ServerReadyRequest {})
+            .await
+            .unwrap();
+        assert!(!ready.into_inner().ready, "gRPC ServerReady with a broken {file}");
+        // Fixing it makes the server ready, without a restart.
+        std::fs::remove_file(mnt.path().join(file)).unwrap();
+        std::fs::copy(digits_onnx(), mnt.path().join("model.onnx")).unwrap();
+        let (st, r) = s.post("/v2/repository/models/m/load", &json!({})).await;
+        assert_eq!(st, 200, "{r}");
+        assert_eq!(s.get("/v2/health/ready").await.0, 200);
+        assert!(
+            client(&s)
+                .await
+                .server_ready(ServerReadyRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .ready
+        );
+        s.stop().await.unwrap();
+    }
+}
+
+/// A repository of several models: ready once loaded though one failed
+/// (Triton's default); with `strict_readiness`, not ready while one failed.
+#[tokio::test]
+async fn strict_readiness_needs_every_model() {
+    let repo = repo_with(&["scalar_out", "broken"]);
+    let s = TestServer::start_loaded(repo.path(), |_| {}).await;
+    assert_eq!(s.get("/v2/health/ready").await.0, 200);
+    s.stop().await.unwrap();
+    let s = TestServer::start_loaded(repo.path(), |c| c.model_repository.strict_readiness = true).await;
+    assert_eq!(s.index().await["broken"]["state"], "UNAVAILABLE");
+    assert_eq!(s.get("/v2/health/ready").await.0, 503);
+    // Unloading the broken one through the API leaves only models that serve.
+    let (st, r) = s.post("/v2/repository/models/broken/unload", &json!({})).await;
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(s.get("/v2/health/ready").await.0, 200);
     s.stop().await.unwrap();
 }
 

@@ -47,6 +47,11 @@ pub struct RepositoryConfig {
     pub poll_interval_seconds: f64,
     /// Seconds of quiet that end a burst of changes (one rescan per burst).
     pub debounce_seconds: f64,
+    /// Server readiness also needs every model to serve: not ready while one
+    /// loads or failed to load (Triton's `--strict-readiness`). Off: ready
+    /// once the start-up load is done, failed models reported in the index.
+    /// With `model_name` readiness is always that model's.
+    pub strict_readiness: bool,
 }
 
 impl Default for RepositoryConfig {
@@ -58,6 +63,7 @@ impl Default for RepositoryConfig {
             watch: WatchMode::Events,
             poll_interval_seconds: 2.0,
             debounce_seconds: 0.25,
+            strict_readiness: false,
         }
     }
 }

@@ -38,6 +38,8 @@ pub struct GrpcState {
     /// shutdown begins. Written by `lib::Server` (the same flag the HTTP
     /// port's readiness reads).
     pub ready: Arc<AtomicBool>,
+    /// What readiness also asks of the models (the HTTP port's rule).
+    pub ready_rule: crate::repository::ReadyRule,
     /// Largest message accepted or sent (`grpc.max_message_bytes`).
     pub max_message_bytes: usize,
     /// Requests one `ModelStreamInfer` stream may have running or unread
@@ -50,8 +52,9 @@ pub struct GrpcState {
 }
 
 impl GrpcState {
+    /// Server readiness, as the HTTP port's `/v2/health/ready` says it.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        self.ready.load(Ordering::Acquire) && self.registry.meets(&self.ready_rule)
     }
 
     /// Refuses a call of `scope` whose metadata (`authorization: Bearer KEY`

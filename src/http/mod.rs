@@ -54,6 +54,8 @@ pub struct SharedState {
     /// True once the start-up load finished, false again from the moment
     /// shutdown begins. Written by `lib::Server`; read by `/v2/health/ready`.
     pub ready: Arc<AtomicBool>,
+    /// What readiness also asks of the models (one model's, every model's).
+    pub ready_rule: crate::repository::ReadyRule,
     /// True from the moment shutdown begins: new inference requests get 503
     /// while accepted ones finish. Written by `lib::Server`.
     pub stopping: Arc<AtomicBool>,
@@ -68,8 +70,10 @@ pub struct SharedState {
 }
 
 impl SharedState {
+    /// Server readiness: the start-up load is done, shutdown has not begun,
+    /// and the models meet the readiness rule.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        self.ready.load(Ordering::Acquire) && self.registry.meets(&self.ready_rule)
     }
 }
 

@@ -54,7 +54,7 @@ impl Repository {
         let (name, dir) = (t.name.clone(), t.dir.clone());
         tracing::info!(model = %name, "unloaded through the repository API; accepted requests finish first");
         metrics::model_reload(&name, "unloaded");
-        let reason = "unloaded through the repository API".to_string();
+        let reason = super::registry::UNLOADED_BY_API.to_string();
         self.publish(&name, &dir, ModelState::Unavailable { reason }, None, None);
         Ok(())
     }

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 pub use load::{check_loaded, Checked};
-pub use registry::{ModelEntry, Registry};
+pub use registry::{ModelEntry, ReadyRule, Registry};
 
 use crate::error::Error;
 use crate::metrics;

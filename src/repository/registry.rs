@@ -25,6 +25,25 @@ pub struct ModelEntry {
     pub note: Option<String>,
 }
 
+/// What server readiness (`/v2/health/ready`, gRPC `ServerReady`) asks of
+/// the models, once the start-up load is done and until shutdown begins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadyRule {
+    /// Nothing more (Triton's default): a model that failed to load is
+    /// reported in the index and the others serve.
+    Loaded,
+    /// This one model serves (single-model mode, `--model-name`): a pod
+    /// whose one model cannot serve must not join its Service.
+    Model(String),
+    /// Every model of the repository serves: none loading, none failed
+    /// (`model_repository.strict_readiness`, Triton's `--strict-readiness`).
+    /// Models unloaded through the repository API do not count.
+    Strict,
+}
+
+/// The `reason` of a model unloaded through the repository API.
+pub const UNLOADED_BY_API: &str = "unloaded through the repository API";
+
 /// Registry of every model the repository knows about.
 #[derive(Default)]
 pub struct Registry {
@@ -85,6 +104,20 @@ impl Registry {
             model
         } else {
             crate::metrics::UNKNOWN_MODEL
+        }
+    }
+
+    /// Whether the models meet `rule` now.
+    pub fn meets(&self, rule: &ReadyRule) -> bool {
+        let models = self.models.read().expect("registry lock poisoned");
+        match rule {
+            ReadyRule::Loaded => true,
+            ReadyRule::Model(name) => models.get(name).is_some_and(|e| e.state == ModelState::Ready),
+            ReadyRule::Strict => models.values().all(|e| match &e.state {
+                ModelState::Ready => true,
+                ModelState::Unavailable { reason } => reason == UNLOADED_BY_API,
+                ModelState::Loading | ModelState::Unloading => false,
+            }),
         }
     }
 

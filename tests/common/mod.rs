@@ -112,6 +112,16 @@ impl TestServer {
         tweak: impl FnOnce(&mut Config),
         client: reqwest::Client,
     ) -> TestServer {
+        Self::launch(repo, tweak, client, true).await
+    }
+
+    /// Starts a server on `repo`; with `wait_ready`, waits until it is ready.
+    async fn launch(
+        repo: &Path,
+        tweak: impl FnOnce(&mut Config),
+        client: reqwest::Client,
+        wait_ready: bool,
+    ) -> TestServer {
         let mut cfg = Config::default();
         cfg.http.host = [127, 0, 0, 1].into();
         cfg.http.port = 0;
@@ -142,8 +152,29 @@ impl TestServer {
             stop: Some(stop),
             task: Some(task),
         };
-        s.wait_ready().await;
+        if wait_ready {
+            s.wait_ready().await;
+        }
         s
+    }
+
+    /// As [`TestServer::start_with`], for a server that may never turn
+    /// ready: waits until it is live and the repository's start-up load is
+    /// over (the index lists at least one model, none of them loading).
+    pub async fn start_loaded(repo: &Path, tweak: impl FnOnce(&mut Config)) -> TestServer {
+        let s = Self::launch(repo, tweak, reqwest::Client::new(), false).await;
+        for _ in 0..600 {
+            let live = s.client.get(s.url("/v2/health/live")).send().await;
+            if live.is_ok_and(|r| r.status() == 200) {
+                let (_, index) = s.post("/v2/repository/index", &serde_json::json!({})).await;
+                let entries = index.as_array().cloned().unwrap_or_default();
+                if !entries.is_empty() && entries.iter().all(|e| e["state"] != "LOADING") {
+                    return s;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the start-up load did not end in 30 s");
     }
 
     /// `http://127.0.0.1:PORT{path}` (`https` with TLS)
