@@ -12,6 +12,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         // The client needs no transport of its own: tests bring a channel.
         .build_transport(false)
+        // A request that is not valid protobuf is INVALID_ARGUMENT, not INTERNAL.
+        .codec_path("crate::protocol::grpc::codec::Codec")
         // Raw tensor contents as `Bytes`: a request's input slices share the
         // decoded message buffer instead of each being copied out.
         .bytes(".inference.ModelInferRequest.raw_input_contents")

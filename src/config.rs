@@ -159,6 +159,47 @@ pub struct CliOverrides {
     pub onnxruntime_library: Option<PathBuf>,
 }
 
+/// A provider's values with numbers in exponent form (`1e1`, `2.5E-3`) read
+/// as floats, as TOML reads them: figment's environment parser takes a float
+/// only when it has a `.`, and keeps `1e1` a string no float key accepts.
+struct ExponentFloats<P>(P);
+
+impl<P: figment::Provider> figment::Provider for ExponentFloats<P> {
+    fn metadata(&self) -> figment::Metadata {
+        self.0.metadata()
+    }
+
+    fn data(&self) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        use figment::value::Value;
+        fn fix(v: &mut Value) {
+            match v {
+                Value::String(tag, text)
+                    if text.contains(['e', 'E'])
+                        && text.starts_with(|c: char| {
+                            c.is_ascii_digit() || c == '-' || c == '+' || c == '.'
+                        }) =>
+                {
+                    if let Some(x) = text.parse::<f64>().ok().filter(|x| x.is_finite()) {
+                        *v = Value::Num(*tag, x.into());
+                    }
+                }
+                Value::Dict(_, d) => d.values_mut().for_each(fix),
+                Value::Array(_, a) => a.iter_mut().for_each(fix),
+                _ => {}
+            }
+        }
+        let mut data = self.0.data()?;
+        for dict in data.values_mut() {
+            dict.values_mut().for_each(fix);
+        }
+        Ok(data)
+    }
+}
+
+/// The largest `http.max_body_bytes` and `grpc.max_message_bytes` (4 GiB;
+/// a protobuf message cannot be larger).
+pub const MAX_MESSAGE_BYTES: usize = 4 << 30;
+
 impl Config {
     /// Layers defaults, the config file, `SLUICE_*` variables and CLI flags.
     ///
@@ -175,11 +216,11 @@ impl Config {
         }
         fig = fig
             // Nested keys with a double underscore: SLUICE_HTTP__PORT=9000.
-            .merge(
+            .merge(ExponentFloats(
                 Env::prefixed("SLUICE_")
                     .ignore(&["MODEL_MAX_BATCH_SIZE", "MODEL_MAX_BATCH_TIME"])
                     .split("__"),
-            )
+            ))
             // MLServer-style global overrides (MLSERVER_MODEL_MAX_BATCH_SIZE there).
             .merge(
                 Env::raw()
@@ -262,9 +303,11 @@ impl Config {
             ));
         }
         self.model_repository.validate(&mut errs);
-        if self.http.max_body_bytes < 1024 {
+        // A request larger than 4 GiB is no request an inference client
+        // sends, and its decoded tensors would be several times that.
+        if !(1024..=MAX_MESSAGE_BYTES).contains(&self.http.max_body_bytes) {
             errs.push(format!(
-                "http.max_body_bytes must be at least 1024, got {}",
+                "http.max_body_bytes must be 1024..={MAX_MESSAGE_BYTES} (4 GiB), got {}",
                 self.http.max_body_bytes
             ));
         }
@@ -277,9 +320,9 @@ impl Config {
                 self.grpc.max_outstanding_per_stream
             ));
         }
-        if self.grpc.max_message_bytes < 1024 {
+        if !(1024..=MAX_MESSAGE_BYTES).contains(&self.grpc.max_message_bytes) {
             errs.push(format!(
-                "grpc.max_message_bytes must be at least 1024, got {}",
+                "grpc.max_message_bytes must be 1024..={MAX_MESSAGE_BYTES} (4 GiB), got {}",
                 self.grpc.max_message_bytes
             ));
         }
@@ -418,6 +461,38 @@ mod tests {
             "{errs:?}"
         );
         cfg.http.worker_threads = 1;
+        assert!(cfg.validate().is_ok());
+    }
+
+    #[test]
+    fn a_float_in_exponent_form_is_read_from_the_environment() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SLUICE_HTTP__BODY_READ_TIMEOUT_SECONDS", "1e1");
+            jail.set_env("SLUICE_SHUTDOWN__GRACE_PERIOD_SECONDS", "2.5E-1");
+            let cfg = Config::load(None, &CliOverrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(cfg.http.body_read_timeout_seconds, 10.0);
+            assert_eq!(cfg.shutdown.grace_period_seconds, 0.25);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn message_sizes_are_bounded_above_and_named() {
+        let mut cfg = Config::default();
+        cfg.http.max_body_bytes = usize::MAX;
+        cfg.grpc.max_message_bytes = MAX_MESSAGE_BYTES + 1;
+        let errs = cfg.validate().unwrap_err();
+        assert_eq!(errs.len(), 2, "{errs:?}");
+        assert!(
+            errs[0].contains("http.max_body_bytes must be 1024..=4294967296 (4 GiB)"),
+            "{errs:?}"
+        );
+        assert!(
+            errs[1].contains("grpc.max_message_bytes must be 1024..="),
+            "{errs:?}"
+        );
+        cfg.http.max_body_bytes = MAX_MESSAGE_BYTES;
+        cfg.grpc.max_message_bytes = MAX_MESSAGE_BYTES;
         assert!(cfg.validate().is_ok());
     }
 

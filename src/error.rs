@@ -63,6 +63,22 @@ pub enum Error {
     Unbatched(String),
 }
 
+/// A name a client sent, as an error message shows it: whole up to 128
+/// bytes (the longest valid model name), else its start and its length, so
+/// that a huge name does not make a huge message (or a `grpc-message`
+/// header clients reject).
+pub fn clip(name: &str) -> std::borrow::Cow<'_, str> {
+    const MAX: usize = 128;
+    if name.len() <= MAX {
+        return name.into();
+    }
+    let mut end = MAX;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &name[..end], name.len()).into()
+}
+
 /// Stable, machine-readable error codes (what callers and metrics branch on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {

@@ -275,7 +275,8 @@ pub const MODEL_NAME_PATTERN: &str = "[A-Za-z0-9][A-Za-z0-9_.-]{0,127}";
 pub fn validate_model_name(name: &str) -> Result<(), String> {
     let fail = |why: String| {
         Err(format!(
-            "model name {name:?} does not match `{MODEL_NAME_PATTERN}`: {why}"
+            "model name {:?} does not match `{MODEL_NAME_PATTERN}`: {why}",
+            crate::error::clip(name)
         ))
     };
     let bad = name

@@ -248,7 +248,10 @@ impl GrpcInferenceService for InferenceService {
         req: Request<RepositoryModelLoadRequest>,
     ) -> Answer<RepositoryModelLoadResponse> {
         self.state.allow(&req, Scope::Control)?;
-        let name = req.into_inner().model_name;
+        let req = req.into_inner();
+        let name = req.model_name;
+        let keys = req.parameters.keys().map(String::as_str);
+        crate::repository::refuse_load_parameters(&name, keys).map_err(|e| status(&e))?;
         ok(self
             .state
             .repository

@@ -30,7 +30,7 @@ pub async fn status(
     let entry = state
         .registry
         .get(&spec)
-        .ok_or_else(|| Error::ModelNotFound(spec.clone()))?;
+        .ok_or_else(|| Error::ModelNotFound(crate::error::clip(&spec).into_owned()))?;
     let ready = entry.state == ModelState::Ready;
     let mut body = json!({ "name": entry.name, "ready": ready });
     if let Some(reason) = entry.state.reason().filter(|_| !ready) {

@@ -256,7 +256,22 @@ pub async fn repository_index(State(state): State<AppState>) -> Json<Vec<IndexEn
 pub async fn repository_load(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
+    body: axum::body::Bytes,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    // The body is optional (`{}` or nothing); its `parameters` are checked.
+    if !body.iter().all(u8::is_ascii_whitespace) {
+        let parsed: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
+            crate::error::Error::invalid(format!(
+                "load of `{}`: invalid JSON body: {e}",
+                crate::error::clip(&name)
+            ))
+        })?;
+        let keys = parsed["parameters"]
+            .as_object()
+            .into_iter()
+            .flat_map(|p| p.keys().map(String::as_str));
+        crate::repository::refuse_load_parameters(&name, keys)?;
+    }
     state.repository.load(&name).await?;
     Ok(Json(serde_json::json!({})))
 }

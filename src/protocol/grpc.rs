@@ -14,6 +14,8 @@ use super::{binary, InferRequest, InferResponse};
 use crate::error::Error;
 use crate::tensor::{DataType, Tensor, TensorData};
 
+pub mod codec;
+
 /// The generated messages, server and client of `inference.GRPCInferenceService`.
 #[allow(clippy::all, missing_docs)]
 pub mod inference {

@@ -45,7 +45,7 @@ impl Repository {
             .tracked
             .values_mut()
             .find(|t| t.name == name)
-            .ok_or_else(|| Error::ModelNotFound(name.to_string()))?;
+            .ok_or_else(|| Error::ModelNotFound(crate::error::clip(name).into_owned()))?;
         t.pinned_unloaded = true;
         if let Some((h, _)) = t.serving.take() {
             h.batcher().retire();
@@ -87,10 +87,35 @@ impl Repository {
     }
 }
 
+/// Refuses the parameters of a load request that Triton defines and sluice
+/// does not serve: `config` (a model configuration to load with) and
+/// `file:<path>` (model files sent in the request). Loading without them
+/// would answer 200 for a model that is not the one asked for. Other
+/// parameters are ignored, as Triton ignores the ones it does not know.
+pub fn refuse_load_parameters<'a>(name: &str, keys: impl IntoIterator<Item = &'a str>) -> Result<(), Error> {
+    for key in keys {
+        let what = match key {
+            "config" => "a model configuration to load with",
+            k if k.starts_with("file:") => "model files sent with the request",
+            _ => continue,
+        };
+        return Err(Error::invalid(format!(
+            "load of `{}`: parameter `{key}` ({what}) is not supported: sluice loads the model folder as it is \
+             on disk; edit its model-settings.json or files, then load",
+            crate::error::clip(name)
+        )));
+    }
+    Ok(())
+}
+
 /// A repository API name must be a plain model name, not a path.
 fn check_name(name: &str) -> Result<(), Error> {
-    validate_model_name(name)
-        .map_err(|e| Error::invalid(format!("`{name}` is not a model name of this repository: {e}")))?;
+    validate_model_name(name).map_err(|e| {
+        Error::invalid(format!(
+            "`{}` is not a model name of this repository: {e}",
+            crate::error::clip(name)
+        ))
+    })?;
     if name == "." || name == ".." {
         return Err(Error::invalid(format!(
             "`{name}` is not a model name of this repository"

@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
+pub use api::refuse_load_parameters;
 pub use load::{check_loaded, Checked};
 pub use registry::{ModelEntry, ReadyRule, Registry};
 

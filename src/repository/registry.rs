@@ -73,7 +73,7 @@ impl Registry {
         let models = self.models.read().expect("registry lock poisoned");
         let entry = models
             .get(name)
-            .ok_or_else(|| Error::ModelNotFound(name.to_string()))?;
+            .ok_or_else(|| Error::ModelNotFound(crate::error::clip(name).into_owned()))?;
         if let Some(v) = version {
             if entry.version.as_deref() != Some(v) {
                 let have = entry.version.as_deref().unwrap_or("none");
