@@ -314,6 +314,7 @@ impl Config {
         self.http.validate(&mut errs);
         self.tls.validate(&mut errs);
         self.tracing.validate(&mut errs);
+        self.grpc.validate(&mut errs);
         if !(1..=65536).contains(&self.grpc.max_outstanding_per_stream) {
             errs.push(format!(
                 "grpc.max_outstanding_per_stream must be 1..=65536, got {}",

@@ -5,7 +5,8 @@
 //! `main` → [`Server`] (wiring) → [`http`], [`grpc`] (translate only) → [`repository`]
 //! (scan, load, the registry) → [`model`] (a model's handle and state) →
 //! [`batcher`] (queues, batch formation, statistics) → [`pool`] (sessions on
-//! dedicated threads) → [`runtime`] (ONNX Runtime) → [`metrics`], [`budget`],
+//! dedicated threads) → [`runtime`] (ONNX Runtime) → [`transport`] (both
+//! ports' connections: caps, timeouts, drain) → [`metrics`], [`budget`],
 //! [`access`], [`shutdown`], [`tls`] (both ports' certificate), [`telemetry`]
 //! (OpenTelemetry spans; off unless the binary installs an exporter) →
 //! [`config`] → [`settings`] (a model's `model-settings.json`), [`protocol`] →
@@ -38,6 +39,7 @@ pub mod shutdown;
 pub mod telemetry;
 pub mod tensor;
 pub mod tls;
+pub mod transport;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -91,7 +93,7 @@ impl Server {
             ),
             None => None,
         };
-        http::serve::raise_open_file_limit();
+        transport::raise_open_file_limit();
         let pool = pool::Pool::new(pool::PoolLimits {
             cpu: config.cpu_concurrent_batches(),
             gpu: config.pool.gpu_concurrent_batches,
@@ -196,18 +198,41 @@ impl Server {
             access: access::Access::from_config(&config),
             budget: state.budget.clone(),
         };
-        let mut graceful = stop_rx.clone();
-        let grpc_serve = grpc::serve(
+        let grpc_port = transport::Port {
+            name: "gRPC",
+            service: grpc::service(grpc_state),
+            http2_only: true,
+            max_concurrent_streams: config.grpc.max_concurrent_streams,
+            keep_alive_ping: config.grpc.keep_alive_ping(),
+            untimed_paths: grpc::STREAMS,
+            refuse_with_503: false,
+            max_connections_key: "grpc.max_connections",
+            open_file_quarters: 1,
+        };
+        let mut grpc_limits = config.http_limits();
+        grpc_limits.max_connections = config.grpc.max_connections;
+        let grpc_serve = transport::serve(
             grpc_listener,
-            grpc_state,
+            grpc_port,
+            grpc_limits,
             tls.as_ref().map(tls::Tls::grpc),
-            async move {
-                let _ = graceful.wait_for(|stopping| *stopping).await;
-            },
+            stop_rx.clone(),
         );
-        let http_serve = http::serve::serve(
+        let http_port = transport::Port {
+            name: "HTTP",
+            service: http::Routes::new(state),
+            http2_only: false,
+            // hyper's default, advertised as before the ports shared a transport.
+            max_concurrent_streams: 200,
+            keep_alive_ping: None,
+            untimed_paths: &[],
+            refuse_with_503: true,
+            max_connections_key: "http.max_connections",
+            open_file_quarters: 2,
+        };
+        let http_serve = transport::serve(
             listener,
-            http::Routes::new(state),
+            http_port,
             config.http_limits(),
             tls.as_ref().map(tls::Tls::http),
             stop_rx.clone(),

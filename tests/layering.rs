@@ -13,6 +13,8 @@ const LAYERS: &[&[&str]] = &[
     &["protocol", "settings"],
     &["config"],
     &["metrics", "budget", "access", "shutdown", "tls", "telemetry"],
+    // Both ports' connections (HTTP and gRPC plug their services in).
+    &["transport"],
     &["runtime"],
     &["pool"],
     &["batcher"],

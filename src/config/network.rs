@@ -70,6 +70,42 @@ pub struct GrpcConfig {
     /// Requests of one `ModelStreamInfer` stream being run or answered at once;
     /// the stream's next message is read only when one finishes.
     pub max_outstanding_per_stream: usize,
+    /// Most open gRPC connections (the port's other limits are `[http]`'s).
+    pub max_connections: usize,
+    /// Most concurrent calls (HTTP/2 streams) on one gRPC connection.
+    pub max_concurrent_streams: u32,
+    /// Seconds without frames after which a gRPC connection is pinged; one
+    /// that does not answer in as long is closed. 0 = no pings.
+    pub keep_alive_ping_seconds: f64,
+}
+
+impl GrpcConfig {
+    /// The `[grpc]` limits' problems.
+    pub(super) fn validate(&self, errs: &mut Vec<String>) {
+        if !(1..=1_000_000).contains(&self.max_connections) {
+            errs.push(format!(
+                "grpc.max_connections must be 1..=1000000, got {}",
+                self.max_connections
+            ));
+        }
+        if !(1..=100_000).contains(&self.max_concurrent_streams) {
+            errs.push(format!(
+                "grpc.max_concurrent_streams must be 1..=100000, got {}",
+                self.max_concurrent_streams
+            ));
+        }
+        let p = self.keep_alive_ping_seconds;
+        if !(p.is_finite() && (0.0..=86400.0).contains(&p)) {
+            errs.push(format!(
+                "grpc.keep_alive_ping_seconds must be 0 (off) ..= 86400, got {p}"
+            ));
+        }
+    }
+
+    /// The keep-alive ping interval (`None`: off). Call after validation.
+    pub fn keep_alive_ping(&self) -> Option<Duration> {
+        (self.keep_alive_ping_seconds > 0.0).then(|| Duration::from_secs_f64(self.keep_alive_ping_seconds))
+    }
 }
 
 impl Default for HttpConfig {
@@ -95,6 +131,9 @@ impl Default for GrpcConfig {
             port: 8081,
             max_message_bytes: 64 << 20,
             max_outstanding_per_stream: 64,
+            max_connections: 1000,
+            max_concurrent_streams: 200,
+            keep_alive_ping_seconds: 60.0,
         }
     }
 }

@@ -3,28 +3,20 @@
 //! `protocol::grpc` into an [`InferRequest`](crate::protocol::InferRequest),
 //! then to the same `ModelHandle::infer` as every REST path (so gRPC
 //! requests share batches with REST ones), and back. Status codes are
-//! decided in `status.rs` alone. The server runs on the task that awaits
-//! [`serve`], with the same shutdown signal as the HTTP server. With TLS,
-//! tonic gets the accepted sockets as [`TlsConn`]s (our own rustls accept,
-//! sharing the HTTP port's reloadable certificate), whose handshake runs on
-//! each connection's own task.
+//! decided in `status.rs` alone. The port runs on the same transport as the
+//! HTTP port (`transport`: connection cap, timeouts, drain, TLS), with
+//! [`service`] as its service.
 
 mod service;
 pub mod status;
 
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::net::TcpListener;
-use tokio_stream::StreamExt;
-use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
-
 use crate::error::Error;
 use crate::protocol::grpc::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::repository::{Registry, RepositoryHandle};
-use crate::tls::TlsConn;
 pub use service::InferenceService;
 
 /// What every RPC shares.
@@ -78,38 +70,9 @@ pub fn service(state: GrpcState) -> GrpcInferenceServiceServer<InferenceService>
         .max_encoding_message_size(limit)
 }
 
-/// Serves gRPC on `listener` until `shutdown` completes, then stops taking
-/// new calls and returns once the calls in flight are answered. With `tls`,
-/// every connection speaks TLS (ALPN `h2`).
-pub async fn serve(
-    listener: TcpListener,
-    state: GrpcState,
-    tls: Option<crate::tls::Acceptor>,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), tonic::transport::Error> {
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let router = tonic::transport::Server::builder().add_service(service(state));
-    match tls {
-        None => router.serve_with_incoming_shutdown(incoming, shutdown).await,
-        Some(acceptor) => {
-            // The handshake is not awaited here: tonic spawns the connection,
-            // and its first read runs the handshake under its deadline.
-            let incoming = incoming.map(move |tcp| tcp.map(|tcp| acceptor.accept(tcp)));
-            router.serve_with_incoming_shutdown(incoming, shutdown).await
-        }
-    }
-}
-
-impl Connected for TlsConn {
-    type ConnectInfo = TcpConnectInfo;
-
-    fn connect_info(&self) -> TcpConnectInfo {
-        TcpConnectInfo {
-            local_addr: self.local_addr(),
-            remote_addr: self.peer_addr(),
-        }
-    }
-}
+/// The paths whose request body is a long-lived stream (a bidirectional
+/// call), which the transport does not time as a unary call's message.
+pub const STREAMS: &[&str] = &["/inference.GRPCInferenceService/ModelStreamInfer"];
 
 /// Records a finished inference call in `sluice_requests_total` and
 /// `sluice_request_duration_seconds` (protocol `grpc`), as `http::observe`

@@ -5,7 +5,7 @@
 
 mod error;
 mod health;
-pub mod serve;
+
 mod v1;
 mod v2;
 
@@ -138,7 +138,7 @@ where
 }
 
 /// The HTTP port's routes: the router, and the infer route that skips it
-/// (the hot path; `serve` asks [`Routes::direct`] first).
+/// (the hot path, asked first).
 #[derive(Clone)]
 pub struct Routes {
     router: Router,
@@ -155,7 +155,7 @@ impl Routes {
 
     /// The model of `req` when the route that skips the router answers it
     /// (a `POST` to an infer path; see [`v2::ModelPath::of_infer`]).
-    pub(crate) fn direct(&self, req: &axum::extract::Request) -> Option<v2::ModelPath> {
+    fn direct(&self, req: &axum::extract::Request) -> Option<v2::ModelPath> {
         match req.method() == axum::http::Method::POST {
             true => v2::ModelPath::of_infer(req.uri().path()),
             false => None,
@@ -164,17 +164,36 @@ impl Routes {
 
     /// The answer of the route that skips the router to `req`, for `path`
     /// from [`Routes::direct`].
-    pub(crate) fn infer(
+    fn infer(
         &self,
         path: v2::ModelPath,
         req: axum::extract::Request,
     ) -> impl std::future::Future<Output = axum::response::Response> + Send + 'static {
         v2::infer_direct(self.state.clone(), path, req)
     }
+}
 
-    /// The router (every route).
-    pub(crate) fn router(&self) -> Router {
-        self.router.clone()
+/// The HTTP port's service, as the transport calls it for every request.
+impl tower_service::Service<axum::http::Request<crate::transport::TimedBody>> for Routes {
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: axum::http::Request<crate::transport::TimedBody>) -> Self::Future {
+        let req = req.map(axum::body::Body::new);
+        match self.direct(&req) {
+            Some(path) => {
+                let answer = self.infer(path, req);
+                Box::pin(async move { Ok(answer.await) })
+            }
+            // `Router` is always ready (its `poll_ready` returns `Ready(Ok)`).
+            None => Box::pin(tower_service::Service::call(&mut self.router, req)),
+        }
     }
 }
 
@@ -370,7 +389,7 @@ fn body_error(
     limit: usize,
     text: impl FnOnce() -> String,
 ) -> ApiError {
-    if let Some(timeout) = find_source::<serve::BodyReadTimeout>(e) {
+    if let Some(timeout) = find_source::<crate::transport::BodyReadTimeout>(e) {
         ApiError(Error::RequestTimeout(timeout.to_string()))
     } else if too_large {
         ApiError(Error::PayloadTooLarge(format!(

@@ -337,14 +337,6 @@ impl Connections {
     }
 }
 
-/// hyper's future for one connection of the HTTP port.
-pub(super) type HyperConnection<'a> = hyper_util::server::conn::auto::Connection<
-    'a,
-    hyper_util::rt::TokioIo<super::io::TrackedIo>,
-    super::service::HttpService,
-    hyper_util::rt::TokioExecutor,
->;
-
 /// Drives one connection until it ends, closing it when a timer runs out or
 /// it is evicted, and finishing it gracefully once the server drains. hyper
 /// goes first at every wake-up, so bytes that have arrived are read before a
@@ -355,12 +347,19 @@ pub(super) type HyperConnection<'a> = hyper_util::server::conn::auto::Connection
 /// [`ConnState::next_check`]), and reset only when it fires, so the phase
 /// changes of a request cost no timer work and no wake-up of this task
 /// (they were three timer registrations and three wake-ups per request).
-pub(super) async fn drive(
-    mut conn: Pin<&mut HyperConnection<'_>>,
+///
+/// `conn` is hyper's future for the connection; `finish` tells it to
+/// finish gracefully (answer what runs, send HTTP/2's GOAWAY, then close).
+pub(super) async fn drive<C, E>(
+    mut conn: Pin<&mut C>,
+    mut finish: impl FnMut(Pin<&mut C>),
     state: &ConnState,
     limits: &HttpLimits,
     mut stop: watch::Receiver<bool>,
-) {
+) where
+    C: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
     let accepted_while_draining = *stop.borrow();
     let mut draining = accepted_while_draining;
     let mut finishing = false;
@@ -370,7 +369,7 @@ pub(super) async fn drive(
         if draining && !finishing {
             state.watch_phases();
             if state.may_finish(accepted_while_draining) {
-                conn.as_mut().graceful_shutdown();
+                finish(conn.as_mut());
                 finishing = true;
             }
         }
@@ -378,7 +377,7 @@ pub(super) async fn drive(
             biased;
             done = conn.as_mut() => {
                 if let Err(e) = done {
-                    tracing::debug!(error = %e, "HTTP connection ended with an error");
+                    tracing::debug!(error = %e, "connection ended with an error");
                 }
                 return;
             }
@@ -398,7 +397,7 @@ pub(super) async fn drive(
             false => state.evict_reason(),
         };
         if let Some(why) = why {
-            tracing::debug!(reason = why, "closing HTTP connection");
+            tracing::debug!(reason = why, "closing the connection");
             return;
         }
     }

@@ -1,6 +1,6 @@
-//! hyper's view of the router: each request counts as running on its
-//! connection until its answer is handed over, and its body must arrive
-//! within `http.body_read_timeout_seconds`.
+//! hyper's view of a port's service (the HTTP router, the gRPC server):
+//! each request counts as running on its connection until its answer is
+//! done, and its body must arrive within `http.body_read_timeout_seconds`.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
+use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
@@ -36,47 +36,51 @@ impl std::fmt::Display for BodyReadTimeout {
 
 impl std::error::Error for BodyReadTimeout {}
 
-/// The routes, as hyper calls them for one connection.
+/// A port's service, as hyper calls it for one connection: each request
+/// counts as running on its connection until its answer's body is done
+/// (sent or dropped), and its body must arrive within
+/// `http.body_read_timeout_seconds`, except on the paths of long-lived
+/// streams (gRPC's `ModelStreamInfer`, whose body is the stream).
 #[derive(Clone)]
-pub(crate) struct HttpService {
-    pub(super) routes: crate::http::Routes,
+pub(crate) struct Guarded<S> {
+    pub(super) inner: S,
     pub(super) conn: Arc<ConnState>,
     pub(super) body_read_timeout: Duration,
+    pub(super) untimed: &'static [&'static str],
 }
 
-impl hyper::service::Service<Request<Incoming>> for HttpService {
-    type Response = Response<GuardedBody>;
+impl<S, B> hyper::service::Service<Request<Incoming>> for Guarded<S>
+where
+    S: tower_service::Service<Request<TimedBody>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+{
+    type Response = Response<GuardedBody<B>>;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let guard = RequestGuard::new(self.conn.clone());
-        let timeout = self.body_read_timeout;
-        let req = req.map(|body| {
-            Body::new(TimedBody {
-                inner: body,
-                timeout,
-                deadline: Instant::now() + timeout,
-                sleep: None,
-            })
+        let timeout = match self.untimed.contains(&req.uri().path()) {
+            true => None,
+            false => Some(self.body_read_timeout),
+        };
+        let req = req.map(|body| TimedBody {
+            inner: body,
+            timeout,
+            sleep: None,
+            started: Instant::now(),
         });
-        match self.routes.direct(&req) {
-            Some(path) => {
-                let answer = self.routes.infer(path, req);
-                Box::pin(async move {
-                    let resp = answer.await;
-                    Ok(resp.map(|body| GuardedBody { body, _guard: guard }))
-                })
-            }
-            None => {
-                // `Router` is always ready (its `poll_ready` returns `Ready(Ok)`).
-                let answer = tower_service::Service::call(&mut self.routes.router(), req);
-                Box::pin(async move {
-                    let resp = answer.await?;
-                    Ok(resp.map(|body| GuardedBody { body, _guard: guard }))
-                })
-            }
-        }
+        // The port's services (axum's router, tonic's server) are always
+        // ready: their `poll_ready` returns `Ready(Ok)`.
+        let answer = self.inner.clone().call(req);
+        Box::pin(async move {
+            let resp = answer.await?;
+            Ok(resp.map(|body| GuardedBody { body, _guard: guard }))
+        })
     }
 }
 
@@ -97,19 +101,19 @@ impl Drop for RequestGuard {
 }
 
 /// An answer's body; the request runs until hyper drops it (sent or abandoned).
-pub(crate) struct GuardedBody {
-    body: Body,
+pub(crate) struct GuardedBody<B> {
+    body: B,
     _guard: RequestGuard,
 }
 
-impl http_body::Body for GuardedBody {
+impl<B: http_body::Body<Data = Bytes> + Unpin> http_body::Body for GuardedBody<B> {
     type Data = Bytes;
-    type Error = axum::Error;
+    type Error = B::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         Pin::new(&mut self.body).poll_frame(cx)
     }
 
@@ -123,11 +127,12 @@ impl http_body::Body for GuardedBody {
 }
 
 /// A request body that fails with [`BodyReadTimeout`] when it is not
-/// complete by `deadline`.
-struct TimedBody {
+/// complete within `timeout` of its headers (`None`: it may take as long as
+/// the client keeps the stream open).
+pub struct TimedBody {
     inner: Incoming,
-    timeout: Duration,
-    deadline: Instant,
+    timeout: Option<Duration>,
+    started: Instant,
     /// Armed the first time the body is not ready.
     sleep: Option<Pin<Box<Sleep>>>,
 }
@@ -144,12 +149,15 @@ impl http_body::Body for TimedBody {
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
             return Poll::Ready(frame.map(|f| f.map_err(BoxError::from)));
         }
-        let deadline = this.deadline;
+        let Some(timeout) = this.timeout else {
+            return Poll::Pending;
+        };
+        let deadline = this.started + timeout;
         let sleep = this
             .sleep
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
         match sleep.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyReadTimeout(this.timeout))))),
+            Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyReadTimeout(timeout))))),
             Poll::Pending => Poll::Pending,
         }
     }
