@@ -6,7 +6,10 @@ their headers, then probe with fresh clients and report how they fare.
 
 Each slow connection sends the start of a request (`GET ... HTTP/1.1` and one
 header, no blank line) and then nothing, unless --trickle S sends one more
-header byte every S seconds. Every --probe-interval seconds a fresh client
+header byte every S seconds. With --grpc-port P they go to the gRPC port
+instead, each sending the HTTP/2 preface and a SETTINGS frame and then
+nothing (an idle gRPC channel), and the probes also open fresh gRPC
+connections: the time from connect to the server's SETTINGS frame. Every --probe-interval seconds a fresh client
 opens a new connection and sends `GET /v2/health/live`; its latency is the
 time from connect to the status line (timeout 5 s). The report (one JSON
 line) gives the probes' latency percentiles, how many went unanswered, how
@@ -32,7 +35,12 @@ def raise_file_limit():
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def open_slow(host, port, n, wait=10.0):
+SLOW_HTTP = b"GET /v2/health/live HTTP/1.1\r\nHost: slowloris\r\n"
+# The HTTP/2 connection preface and an empty SETTINGS frame.
+H2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def open_slow(host, port, n, wait=10.0, first=SLOW_HTTP):
     """Starts n connections at once and sends each the start of a request
     once it connects; returns (connected sockets, failed, still connecting
     after `wait` seconds: a full accept queue)."""
@@ -55,7 +63,7 @@ def open_slow(host, port, n, wait=10.0):
                 s.close()
                 continue
             try:
-                s.send(b"GET /v2/health/live HTTP/1.1\r\nHost: slowloris\r\n")
+                s.send(first)
                 conns.append(s)
             except OSError:
                 failed += 1
@@ -108,6 +116,25 @@ def probe(host, port, timeout=5.0):
         return None
 
 
+def probe_grpc(host, port, timeout=5.0):
+    """Seconds from connect to the server's SETTINGS frame on a fresh HTTP/2
+    connection to the gRPC port, or None."""
+    t0 = time.monotonic()
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.settimeout(max(0.001, timeout - (time.monotonic() - t0)))
+            s.sendall(H2_HELLO)
+            data = b""
+            while len(data) < 9:
+                chunk = s.recv(64)
+                if not chunk:
+                    return None
+                data += chunk
+            return time.monotonic() - t0 if data[3] == 4 else None
+    except OSError:
+        return None
+
+
 def percentile(values, p):
     if not values:
         return None
@@ -123,13 +150,18 @@ def main():
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of probing")
     ap.add_argument("--probe-interval", type=float, default=0.1)
     ap.add_argument("--trickle", type=float, default=0.0, help="send a header byte every S seconds (0: never)")
+    ap.add_argument("--grpc-port", type=int, default=0, help="open the slow connections on this gRPC port instead")
     args = ap.parse_args()
 
     limit = raise_file_limit()
     t0 = time.monotonic()
-    conns, failed, stuck = open_slow(args.host, args.port, args.connections)
+    if args.grpc_port:
+        conns, failed, stuck = open_slow(args.host, args.grpc_port, args.connections, first=H2_HELLO)
+    else:
+        conns, failed, stuck = open_slow(args.host, args.port, args.connections)
     opened_in = time.monotonic() - t0
     latencies, unanswered = [], 0
+    grpc_latencies, grpc_unanswered = [], 0
     start = last_trickle = time.monotonic()
     while time.monotonic() - start < args.duration:
         lat = probe(args.host, args.port)
@@ -137,6 +169,12 @@ def main():
             unanswered += 1
         else:
             latencies.append(lat)
+        if args.grpc_port:
+            lat = probe_grpc(args.host, args.grpc_port)
+            if lat is None:
+                grpc_unanswered += 1
+            else:
+                grpc_latencies.append(lat)
         if args.trickle and time.monotonic() - last_trickle >= args.trickle:
             trickle(conns)
             last_trickle = time.monotonic()
@@ -157,6 +195,13 @@ def main():
         "probes_over_100ms": sum(1 for v in latencies if v > 0.1),
         "client_open_file_limit": limit,
     }
+    if args.grpc_port:
+        report.update({
+            "grpc_probes": len(grpc_latencies) + grpc_unanswered,
+            "grpc_probes_unanswered": grpc_unanswered,
+            "grpc_probe_ms_p50": ms(percentile(grpc_latencies, 50)),
+            "grpc_probe_ms_p99": ms(percentile(grpc_latencies, 99)),
+        })
     print(json.dumps(report))
     for s in conns:
         s.close()

@@ -104,22 +104,25 @@ async fn a_body_that_does_not_arrive_in_time_gets_408_json() {
 
 #[tokio::test]
 async fn when_every_connection_has_a_request_running_a_new_one_gets_503_at_once() {
-    let repo = repo_with(&[]);
+    // A `fixed` batch waits 30 s to fill: a lone request runs (its body in)
+    // all that time. (A request still receiving its body does not count:
+    // its connection may be evicted, see the body slowloris test below.)
+    let repo = tempfile::tempdir().unwrap();
+    let settings = r#"{"batch_policy": "fixed", "max_batch_time": 30, "max_batch_size": 64}"#;
+    add_model(repo.path(), "scalar_out", "waits", settings);
     let s = TestServer::start_with(repo.path(), |c| c.http.max_connections = 2).await;
+    let body = r#"{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}"#;
     let mut running = Vec::new();
     for _ in 0..2 {
-        let head = "POST /v2/models/digits/infer HTTP/1.1\r\nHost: sluice\r\nContent-Length: 10\r\n\
-                    Expect: 100-continue\r\n\r\n";
-        let mut conn = send(&s, head.as_bytes()).await;
-        // hyper says `100 Continue` once the handler reads the body: it runs.
-        let mut line = [0u8; 25];
-        tokio::time::timeout(LIMIT, conn.read_exact(&mut line))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(&line, b"HTTP/1.1 100 Continue\r\n\r\n");
-        running.push(conn);
+        let request = format!(
+            "POST /v2/models/waits/infer HTTP/1.1\r\nHost: sluice\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        running.push(send(&s, request.as_bytes()).await);
     }
+    // Their bodies are a few bytes: in and queued at once (nothing can
+    // watch them from outside: a third connection would take a slot).
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let mut third = send(&s, b"GET /v2/health/live HTTP/1.1\r\nHost: sluice\r\n\r\n").await;
     let answer = String::from_utf8(read_until_closed(&mut third, "over the limit").await).unwrap();
     assert!(answer.starts_with("HTTP/1.1 503 "), "{answer}");
@@ -230,4 +233,43 @@ fn the_soft_open_file_limit_is_raised_to_the_hard_one() {
         raised.contains("from=256") && raised.contains(&format!("to={hard}")),
         "{raised}"
     );
+}
+
+/// A body slowloris: at the connection cap, every connection has sent its
+/// headers and one byte of its body, then nothing. Such connections are
+/// evictable (their requests are not running yet, only receiving), so a
+/// fresh client is served instead of getting 503 until the body timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_at_the_connection_cap_do_not_lock_out_a_fresh_client() {
+    let repo = repo_with(&["scalar_out"]);
+    let s = TestServer::start_with(repo.path(), |c| c.http.max_connections = 200).await;
+    let head =
+        "POST /v2/models/scalar_out/infer HTTP/1.1\r\nHost: sluice\r\nContent-Type: application/json\r\n\
+                Content-Length: 1000\r\n\r\n{";
+    let mut slow = Vec::new();
+    for _ in 0..200 {
+        slow.push(send(&s, head.as_bytes()).await);
+    }
+    // Each waits for its body: give the server time to take them all in.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let t0 = Instant::now();
+    loop {
+        let r = reqwest::get(s.url("/v2/health/live")).await;
+        if r.as_ref().is_ok_and(|r| r.status() == 200) {
+            break;
+        }
+        assert!(t0.elapsed() < LIMIT, "a fresh client was not served: {r:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The slot came from a slow upload: one of them was closed.
+    let mut any_closed = false;
+    for conn in &mut slow {
+        let mut buf = [0u8; 1];
+        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(1), conn.read(&mut buf)).await {
+            any_closed = true;
+            break;
+        }
+    }
+    assert!(any_closed, "no slow upload was evicted");
+    s.stop().await.unwrap();
 }

@@ -47,6 +47,10 @@ pub(super) struct ConnState {
     accepted: Instant,
     /// Requests handed to the router and not yet answered.
     active: AtomicUsize,
+    /// Of those, the ones whose body is still arriving (long-lived streams
+    /// aside): a connection whose every request is one may be evicted, so
+    /// that slow uploads cannot hold the port's slots.
+    receiving: AtomicUsize,
     phase: AtomicU8,
     /// Milliseconds after `accepted` when the current phase began.
     since_ms: AtomicU64,
@@ -72,6 +76,7 @@ impl ConnState {
         ConnState {
             accepted: Instant::now(),
             active: AtomicUsize::new(0),
+            receiving: AtomicUsize::new(0),
             phase: AtomicU8::new(Phase::Fresh as u8),
             since_ms: AtomicU64::new(0),
             h2: AtomicBool::new(false),
@@ -145,6 +150,22 @@ impl ConnState {
         }
     }
 
+    /// A running request's body began to arrive (it has one).
+    pub(super) fn body_started(&self) {
+        self.receiving.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A running request's body arrived in full (or failed, or was dropped).
+    pub(super) fn body_done(&self) {
+        self.receiving.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Requests run, and every one of them is still receiving its body.
+    fn only_receiving(&self) -> bool {
+        let active = self.active.load(Ordering::Acquire);
+        active > 0 && self.receiving.load(Ordering::Acquire) >= active
+    }
+
     /// The requests running on the whole port.
     pub(super) fn running(&self) -> &Running {
         &self.running
@@ -184,14 +205,18 @@ impl ConnState {
 
     /// Whether the connection must close because it was evicted.
     fn evict_reason(&self) -> Option<&'static str> {
-        if !self.is_quiet() {
-            // A request started after the accept loop chose this connection.
+        let receiving = self.only_receiving();
+        if !self.is_quiet() && !receiving {
+            // A request started (or its body arrived) after the accept loop
+            // chose this connection.
             self.evict.store(false, Ordering::Release);
             return None;
         }
-        self.evict
-            .load(Ordering::Acquire)
-            .then_some("evicted to make room: http.max_connections reached")
+        let why = match receiving {
+            true => "evicted to make room: the port's max_connections reached while its request body was still arriving",
+            false => "evicted to make room: the port's max_connections reached",
+        };
+        self.evict.load(Ordering::Acquire).then_some(why)
     }
 
     /// When the connection's timer must look next: the current phase's
@@ -222,13 +247,17 @@ impl ConnState {
         }
     }
 
-    /// Eviction order: the connection quiet for the longest time first;
-    /// `None` while a request runs.
-    fn quiet_since(&self) -> Option<Instant> {
+    /// Eviction order: the connection quiet for the longest time first, then
+    /// the oldest of those whose every request is still receiving its body
+    /// (a slow upload); `None` while a request with its body in runs.
+    fn eviction_rank(&self) -> Option<(bool, Instant)> {
+        if self.only_receiving() {
+            return Some((true, self.accepted));
+        }
         match self.phase() {
             _ if !self.is_quiet() => None,
             (Phase::Busy, _) => None,
-            (_, since) => Some(since),
+            (_, since) => Some((false, since)),
         }
     }
 }
@@ -317,15 +346,16 @@ impl Connections {
         })
     }
 
-    /// Asks the connection quiet for the longest to close; false if every
-    /// connection has a request running.
+    /// Asks the connection quiet for the longest (else the oldest slow
+    /// upload) to close; false if every connection has a request running
+    /// whose body is in.
     fn evict_one(&self) -> bool {
         let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let oldest = open
             .values()
             .filter(|c| !c.evict.load(Ordering::Acquire))
-            .filter_map(|c| c.quiet_since().map(|since| (since, c)))
-            .min_by_key(|(since, _)| *since);
+            .filter_map(|c| c.eviction_rank().map(|rank| (rank, c)))
+            .min_by_key(|(rank, _)| *rank);
         match oldest {
             Some((_, c)) => {
                 c.evict.store(true, Ordering::Release);
@@ -552,5 +582,37 @@ mod tests {
         only.state.begin_request();
         assert!(!conns.evict_one());
         assert!(conns.admit().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_slow_upload_is_evicted_after_quiet_connections_and_never_once_its_body_is_in() {
+        let l = limits();
+        let conns = Connections::new(3);
+        // Oldest: a request still receiving its body.
+        let uploading = conns.admit().await.unwrap();
+        uploading.state.begin_request();
+        uploading.state.body_started();
+        // A request whose body is in, running.
+        let running = conns.admit().await.unwrap();
+        running.state.begin_request();
+        running.state.body_started();
+        running.state.body_done();
+        let quiet = conns.admit().await.unwrap();
+        // Quiet connections go first, then slow uploads; a running request never.
+        let rank = |c: &Ticket| c.state.eviction_rank().map(|(receiving, _)| receiving);
+        assert_eq!(
+            (rank(&quiet), rank(&uploading), rank(&running)),
+            (Some(false), Some(true), None)
+        );
+        assert!(conns.evict_one());
+        assert!(quiet.state.close_reason(&l, Instant::now()).is_some());
+        drop(quiet);
+        assert!(conns.evict_one());
+        let why = uploading.state.close_reason(&l, Instant::now()).unwrap();
+        assert!(why.contains("request body was still arriving"), "{why}");
+        assert_eq!(running.state.close_reason(&l, Instant::now()), None);
+        // Its body arriving in full before the connection closes keeps it.
+        uploading.state.body_done();
+        assert_eq!(uploading.state.close_reason(&l, Instant::now()), None);
     }
 }

@@ -68,11 +68,21 @@ where
             true => None,
             false => Some(self.body_read_timeout),
         };
-        let req = req.map(|body| TimedBody {
-            inner: body,
-            timeout,
-            sleep: None,
-            started: Instant::now(),
+        let conn = &self.conn;
+        let req = req.map(|body| {
+            // A body still to arrive (not a long-lived stream's) makes the
+            // connection evictable at the cap until it is in.
+            let receiving = match (timeout, http_body::Body::is_end_stream(&body)) {
+                (Some(_), false) => Some(Receiving::new(conn.clone())),
+                _ => None,
+            };
+            TimedBody {
+                inner: body,
+                timeout,
+                sleep: None,
+                started: Instant::now(),
+                receiving,
+            }
         });
         // The port's services (axum's router, tonic's server) are always
         // ready: their `poll_ready` returns `Ready(Ok)`.
@@ -135,6 +145,24 @@ pub struct TimedBody {
     started: Instant,
     /// Armed the first time the body is not ready.
     sleep: Option<Pin<Box<Sleep>>>,
+    /// Held while the body is arriving; dropped when it is in.
+    receiving: Option<Receiving>,
+}
+
+/// A request body still arriving on its connection; dropping it says it is in.
+struct Receiving(Arc<ConnState>);
+
+impl Receiving {
+    fn new(conn: Arc<ConnState>) -> Receiving {
+        conn.body_started();
+        Receiving(conn)
+    }
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        self.0.body_done();
+    }
 }
 
 impl http_body::Body for TimedBody {
@@ -147,6 +175,9 @@ impl http_body::Body for TimedBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            if !matches!(frame, Some(Ok(_))) || this.inner.is_end_stream() {
+                this.receiving = None;
+            }
             return Poll::Ready(frame.map(|f| f.map_err(BoxError::from)));
         }
         let Some(timeout) = this.timeout else {
