@@ -9,7 +9,9 @@ header, no blank line) and then nothing, unless --trickle S sends one more
 header byte every S seconds. With --grpc-port P they go to the gRPC port
 instead, each sending the HTTP/2 preface and a SETTINGS frame and then
 nothing (an idle gRPC channel), and the probes also open fresh gRPC
-connections: the time from connect to the server's SETTINGS frame. Every --probe-interval seconds a fresh client
+connections: the time from connect to the server's SETTINGS frame. With
+--body they send a whole request head (a POST with Content-Length 100000)
+and one byte of its body instead: a slow upload. Every --probe-interval seconds a fresh client
 opens a new connection and sends `GET /v2/health/live`; its latency is the
 time from connect to the status line (timeout 5 s). The report (one JSON
 line) gives the probes' latency percentiles, how many went unanswered, how
@@ -82,9 +84,16 @@ def closed_by_server(conns):
         by_fd[s.fileno()] = s
     closed = 0
     for fd, _ in poller.poll(0):
+        # Whatever the server sent before closing (an HTTP/2 server's
+        # SETTINGS frame) is read first: closed is an empty read after it.
         try:
-            if by_fd[fd].recv(1, socket.MSG_PEEK) == b"":
-                closed += 1
+            while True:
+                chunk = by_fd[fd].recv(65536, socket.MSG_DONTWAIT)
+                if chunk == b"":
+                    closed += 1
+                    break
+        except BlockingIOError:
+            pass
         except OSError:
             closed += 1
     return closed
@@ -151,12 +160,18 @@ def main():
     ap.add_argument("--probe-interval", type=float, default=0.1)
     ap.add_argument("--trickle", type=float, default=0.0, help="send a header byte every S seconds (0: never)")
     ap.add_argument("--grpc-port", type=int, default=0, help="open the slow connections on this gRPC port instead")
+    ap.add_argument("--body", action="store_true", help="slow bodies: whole headers, then one body byte")
+    ap.add_argument("--model", default="identity", help="the model --body posts to")
     args = ap.parse_args()
 
     limit = raise_file_limit()
     t0 = time.monotonic()
     if args.grpc_port:
         conns, failed, stuck = open_slow(args.host, args.grpc_port, args.connections, first=H2_HELLO)
+    elif args.body:
+        head = (f"POST /v2/models/{args.model}/infer HTTP/1.1\r\nHost: slowloris\r\n"
+                "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{").encode()
+        conns, failed, stuck = open_slow(args.host, args.port, args.connections, first=head)
     else:
         conns, failed, stuck = open_slow(args.host, args.port, args.connections)
     opened_in = time.monotonic() - t0
