@@ -2,7 +2,9 @@
 //! (`http.max_inflight_bytes`), shared by the HTTP and gRPC ports. A request
 //! reserves its size before its body is read (HTTP: its `Content-Length`;
 //! chunked bodies: `http.max_body_bytes`, the most they may hold) or once its
-//! message is decoded (gRPC), and holds the reservation until it is answered.
+//! message is decoded (gRPC), and holds the reservation, with its answer's
+//! bytes, until the answer has been sent (`HeldUntilSent`, kept by the
+//! transport).
 //! Beyond the budget it is refused at once with 503 and `Retry-After`, so
 //! that many large bodies cannot exhaust memory together (each model's
 //! `max_queue_size` bounds requests, not bytes, and not across models).
@@ -25,6 +27,20 @@ pub struct ByteBudget {
 /// Bytes a request holds; released on drop.
 #[derive(Debug)]
 pub struct Reservation(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
+
+/// What a request holds until its answer has been sent: its own
+/// reservation and its answer's. A port's service puts it in the answer's
+/// extensions; the transport keeps it until the answer's body is done
+/// (written, or dropped with its connection), so answers a client does not
+/// read stay inside `http.max_inflight_bytes`.
+#[derive(Debug, Clone)]
+pub struct HeldUntilSent(#[allow(dead_code)] Arc<[Reservation; 2]>);
+
+impl HeldUntilSent {
+    pub fn new(request: Reservation, answer: Reservation) -> HeldUntilSent {
+        HeldUntilSent(Arc::new([request, answer]))
+    }
+}
 
 impl ByteBudget {
     /// The budget `http.max_inflight_bytes` sets (0: [`default_total`]).
@@ -63,6 +79,19 @@ impl ByteBudget {
                 ),
                 retry_after: Duration::from_secs(1),
             }),
+        }
+    }
+}
+
+impl ByteBudget {
+    /// Charges an answer's `bytes` without refusing it: what is left of the
+    /// budget, at most `bytes` (the answer exists already; requests that
+    /// come while it is unsent find the budget that much fuller).
+    pub fn charge(&self, bytes: usize) -> Reservation {
+        let n = bytes.min(self.permits.available_permits()).min(u32::MAX as usize) as u32;
+        match n {
+            0 => Reservation(None),
+            n => Reservation(self.permits.clone().try_acquire_many_owned(n).ok()),
         }
     }
 }

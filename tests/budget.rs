@@ -110,3 +110,79 @@ async fn a_large_body_is_decoded_off_the_async_workers_and_answered_right() {
     assert_eq!(r["predictions"][6_399]["label"], exp["labels"][6_399 % 64]);
     s.stop().await.unwrap();
 }
+
+/// A binary V2 request for `echo` (the identity fixture, batching off) of
+/// `rows` rows of 16 FP32 values, asking for its output in binary: the
+/// answer is as large as the request.
+fn echo_request(rows: usize) -> Vec<u8> {
+    let bytes = rows * 16 * 4;
+    let header = json!({
+        "inputs": [{"name": "input", "datatype": "FP32", "shape": [rows, 16],
+                    "parameters": {"binary_data_size": bytes}}],
+        "outputs": [{"name": "output", "parameters": {"binary_data": true}}],
+    })
+    .to_string();
+    let head = format!(
+        "POST /v2/models/echo/infer HTTP/1.1\r\nHost: sluice\r\nContent-Type: application/octet-stream\r\n\
+         Inference-Header-Content-Length: {}\r\nContent-Length: {}\r\n\r\n",
+        header.len(),
+        header.len() + bytes
+    );
+    let mut body = head.into_bytes();
+    body.extend_from_slice(header.as_bytes());
+    body.extend(std::iter::repeat_n(0u8, bytes));
+    body
+}
+
+/// Answers a client never reads stay inside the budget: a 48 MiB answer
+/// nobody reads (more than the loopback socket buffers take) holds its
+/// request's bytes and its own until the connection is closed for not
+/// reading (`http.write_timeout_seconds`), and meanwhile a new request is
+/// refused; then it passes. Before, a request's bytes left the budget when
+/// its answer was handed to hyper, so unread answers piled up outside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_a_client_does_not_read_stay_inside_the_budget() {
+    use tokio::io::AsyncWriteExt;
+    let repo = tempfile::tempdir().unwrap();
+    add_model(repo.path(), "identity", "echo", r#"{"max_batch_size": 0}"#);
+    add_model(repo.path(), "digits", "digits", "{}");
+    let s = TestServer::start_with(repo.path(), |c| {
+        // The request and its answer, 48 MiB each, fill it.
+        c.http.max_inflight_bytes = 96 << 20;
+        c.http.write_timeout_seconds = 4.0;
+    })
+    .await;
+    let mut unread = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    unread.write_all(&echo_request((48 << 20) / 64)).await.unwrap();
+    let (body, _) = digits_body(1);
+    // Refused once the answer is made and stuck in the full socket.
+    let t0 = Instant::now();
+    loop {
+        let (st, r) = s.post("/v2/models/digits/infer", &body).await;
+        if st == 503 {
+            assert!(error_message(&r).contains("http.max_inflight_bytes"), "{r}");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "never refused while the unread answer is held: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The connection that does not read is closed; its bytes come back.
+    let t0 = Instant::now();
+    loop {
+        let (st, r) = s.post("/v2/models/digits/infer", &body).await;
+        if st == 200 {
+            break;
+        }
+        assert_eq!(st, 503, "{r}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the budget never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(unread);
+    s.stop().await.unwrap();
+}

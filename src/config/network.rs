@@ -39,6 +39,9 @@ pub struct HttpConfig {
     pub body_read_timeout_seconds: f64,
     /// Seconds an idle keep-alive connection stays open between requests.
     pub keep_alive_timeout_seconds: f64,
+    /// Seconds an answer may go without the client reading any of it; then
+    /// the connection is closed (its answers' bytes leave the budget).
+    pub write_timeout_seconds: f64,
     /// Most open HTTP connections (capped by the open-file limit).
     pub max_connections: usize,
     /// Largest request line and headers, in bytes.
@@ -57,6 +60,7 @@ pub struct HttpLimits {
     pub header_read_timeout: Duration,
     pub body_read_timeout: Duration,
     pub keep_alive_timeout: Duration,
+    pub write_timeout: Duration,
     pub max_connections: usize,
     pub max_header_bytes: usize,
 }
@@ -117,6 +121,7 @@ impl Default for HttpConfig {
             header_read_timeout_seconds: 10.0,
             body_read_timeout_seconds: 60.0,
             keep_alive_timeout_seconds: 75.0,
+            write_timeout_seconds: 60.0,
             max_connections: 10_000,
             max_header_bytes: 64 << 10,
             max_inflight_bytes: 0,
@@ -146,6 +151,7 @@ impl HttpConfig {
             ("header_read_timeout_seconds", h.header_read_timeout_seconds),
             ("body_read_timeout_seconds", h.body_read_timeout_seconds),
             ("keep_alive_timeout_seconds", h.keep_alive_timeout_seconds),
+            ("write_timeout_seconds", h.write_timeout_seconds),
         ] {
             if !(secs.is_finite() && secs > 0.0 && secs <= 86400.0) {
                 errs.push(format!("http.{key} must be > 0 and <= 86400 seconds, got {secs}"));
@@ -179,6 +185,7 @@ impl HttpConfig {
             header_read_timeout: Duration::from_secs_f64(h.header_read_timeout_seconds),
             body_read_timeout: Duration::from_secs_f64(h.body_read_timeout_seconds),
             keep_alive_timeout: Duration::from_secs_f64(h.keep_alive_timeout_seconds),
+            write_timeout: Duration::from_secs_f64(h.write_timeout_seconds),
             max_connections: h.max_connections,
             max_header_bytes: h.max_header_bytes,
         }

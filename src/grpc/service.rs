@@ -16,6 +16,7 @@ use tracing::Instrument;
 use super::status::status;
 use super::{observe, GrpcState};
 use crate::access::Scope;
+use crate::budget::HeldUntilSent;
 use crate::error::Error;
 use crate::model::state::ModelState;
 use crate::protocol::grpc::inference::grpc_inference_service_server::GrpcInferenceService;
@@ -44,18 +45,27 @@ impl InferenceService {
 
     /// Runs one inference request through the model's batcher, continuing
     /// the caller's trace (`parent`, from the call's metadata).
-    async fn infer(&self, req: ModelInferRequest, parent: &Parent) -> Result<ModelInferResponse, Error> {
+    /// Also returns what the call holds of the byte budget until its
+    /// answer has been sent (a unary call's; a stream's answers are bounded
+    /// by `grpc.max_outstanding_per_stream` instead).
+    async fn infer(
+        &self,
+        req: ModelInferRequest,
+        parent: &Parent,
+    ) -> Result<(ModelInferResponse, HeldUntilSent), Error> {
         let arrival = Instant::now();
         let name = req.model_name.clone();
         let span = telemetry::request_span("grpc", &name, parent);
         let result = async {
-            // Held until answered; the message is already decoded, so this bounds
-            // what accepted gRPC requests hold together with the HTTP port's.
-            let _held = self.state.budget.reserve(prost::Message::encoded_len(&req))?;
+            // The message is already decoded, so this bounds what accepted
+            // gRPC requests hold together with the HTTP port's.
+            let held = self.state.budget.reserve(prost::Message::encoded_len(&req))?;
             let model = self.state.registry.ready(&name, non_empty(&req.model_version))?;
             let request = InferRequest::try_from(req)?;
             let resp = model.infer(request, arrival).await?;
-            Ok(telemetry::encode(|| ModelInferResponse::from(&resp)))
+            let answer = telemetry::encode(|| ModelInferResponse::from(&resp));
+            let bytes = self.state.budget.charge(prost::Message::encoded_len(&answer));
+            Ok((answer, HeldUntilSent::new(held, bytes)))
         }
         .instrument(span.clone())
         .await;
@@ -120,7 +130,13 @@ impl GrpcInferenceService for InferenceService {
     async fn model_infer(&self, req: Request<ModelInferRequest>) -> Answer<ModelInferResponse> {
         self.state.allow(&req, Scope::Inference)?;
         let parent = trace_parent(req.metadata());
-        ok(self.infer(req.into_inner(), &parent).await)
+        let (answer, held) = self
+            .infer(req.into_inner(), &parent)
+            .await
+            .map_err(|e| status(&e))?;
+        let mut answer = Response::new(answer);
+        answer.extensions_mut().insert(held);
+        Ok(answer)
     }
 
     type ModelStreamInferStream = InferStream;
@@ -167,7 +183,7 @@ impl GrpcInferenceService for InferenceService {
                 tokio::spawn(async move {
                     let id = request.id.clone();
                     let answer = match service.infer(request, &parent).await {
-                        Ok(resp) => ModelStreamInferResponse {
+                        Ok((resp, _held)) => ModelStreamInferResponse {
                             error_message: String::new(),
                             infer_response: Some(resp),
                         },

@@ -254,11 +254,25 @@ async fn guard(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let _held = match admit(&state, req.uri().path(), req.headers()) {
+    let held = match admit(&state, req.uri().path(), req.headers()) {
         Ok(held) => held,
         Err(e) => return axum::response::IntoResponse::into_response(e),
     };
-    next.run(req).await
+    hold_until_sent(&state, held, next.run(req).await)
+}
+
+/// `answer` with the request's reservation and its own bytes held until it
+/// has been sent (see [`crate::budget::HeldUntilSent`]).
+pub(crate) fn hold_until_sent(
+    state: &AppState,
+    request: crate::budget::Reservation,
+    mut answer: axum::response::Response,
+) -> axum::response::Response {
+    let bytes = http_body::Body::size_hint(answer.body()).lower();
+    let answer_bytes = state.budget.charge(usize::try_from(bytes).unwrap_or(usize::MAX));
+    let held = crate::budget::HeldUntilSent::new(request, answer_bytes);
+    answer.extensions_mut().insert(held);
+    answer
 }
 
 /// [`guard`]'s checks of a request to `path` (also made by the infer route

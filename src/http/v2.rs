@@ -101,15 +101,16 @@ pub async fn infer(
 /// reads, and it checks and answers exactly as `guard` and [`infer`] do.
 pub(crate) async fn infer_direct(state: AppState, path: ModelPath, req: axum::extract::Request) -> Response {
     let (parts, body) = req.into_parts();
-    let _held = match super::admit(&state, parts.uri.path(), &parts.headers) {
+    let held = match super::admit(&state, parts.uri.path(), &parts.headers) {
         Ok(held) => held,
         Err(e) => return e.into_response(),
     };
     let admission = Admission::now(&state);
     let body = super::read_body(body, state.max_body_bytes).await;
-    answer_infer(&state, admission, path, &parts.headers, body)
+    let answer = answer_infer(&state, admission, path, &parts.headers, body)
         .await
-        .into_response()
+        .into_response();
+    super::hold_until_sent(&state, held, answer)
 }
 
 /// The infer route's answer once the request is admitted and its body read.

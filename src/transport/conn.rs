@@ -47,6 +47,11 @@ pub(super) struct ConnState {
     accepted: Instant,
     /// Requests handed to the router and not yet answered.
     active: AtomicUsize,
+    /// Answers being sent (their bodies alive in hyper), and when hyper last
+    /// took from one, in milliseconds after `accepted`: a connection whose
+    /// answers make no progress for `write_timeout` is closed.
+    answering: AtomicUsize,
+    progress_ms: AtomicU64,
     /// Of those, the ones whose body is still arriving (long-lived streams
     /// aside): a connection whose every request is one may be evicted, so
     /// that slow uploads cannot hold the port's slots.
@@ -77,6 +82,8 @@ impl ConnState {
             accepted: Instant::now(),
             active: AtomicUsize::new(0),
             receiving: AtomicUsize::new(0),
+            answering: AtomicUsize::new(0),
+            progress_ms: AtomicU64::new(0),
             phase: AtomicU8::new(Phase::Fresh as u8),
             since_ms: AtomicU64::new(0),
             h2: AtomicBool::new(false),
@@ -150,6 +157,29 @@ impl ConnState {
         }
     }
 
+    /// An answer is handed to hyper to send.
+    pub(super) fn answer_started(&self) {
+        self.answer_progress();
+        self.answering.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// hyper took from an answer's body (it could write).
+    pub(super) fn answer_progress(&self) {
+        let ms = self.accepted.elapsed().as_millis() as u64;
+        self.progress_ms.store(ms, Ordering::Release);
+    }
+
+    /// An answer was sent in full (or dropped).
+    pub(super) fn answer_done(&self) {
+        self.answering.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Since when the connection's answers have made no progress, if it has any.
+    fn stalled_since(&self) -> Option<Instant> {
+        (self.answering.load(Ordering::Acquire) > 0)
+            .then(|| self.accepted + Duration::from_millis(self.progress_ms.load(Ordering::Acquire)))
+    }
+
     /// A running request's body began to arrive (it has one).
     pub(super) fn body_started(&self) {
         self.receiving.fetch_add(1, Ordering::AcqRel);
@@ -194,6 +224,12 @@ impl ConnState {
         if let Some(why) = self.evict_reason() {
             return Some(why);
         }
+        if self
+            .stalled_since()
+            .is_some_and(|since| since + limits.write_timeout <= now)
+        {
+            return Some("answers not read by the client within http.write_timeout_seconds");
+        }
         match self.deadline(limits) {
             Some(d) if d <= now => Some(match self.phase().0 {
                 Phase::Idle => "idle longer than http.keep_alive_timeout_seconds",
@@ -224,7 +260,10 @@ impl ConnState {
     /// after `now` can have (phase starts are kept in whole milliseconds
     /// after the accept, so a later one may read up to 1 ms before `now`).
     fn next_check(&self, limits: &HttpLimits, now: Instant) -> Instant {
-        let shortest = limits.header_read_timeout.min(limits.keep_alive_timeout);
+        let shortest = limits
+            .header_read_timeout
+            .min(limits.keep_alive_timeout)
+            .min(limits.write_timeout);
         // (At least 1 ms, so that sub-millisecond limits do not spin the task.)
         let soonest = now
             + shortest
@@ -442,6 +481,7 @@ mod tests {
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(60),
             keep_alive_timeout: Duration::from_secs(75),
+            write_timeout: Duration::from_secs(60),
             max_connections: 2,
             max_header_bytes: 65536,
         }

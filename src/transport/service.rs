@@ -16,6 +16,7 @@ use hyper::{Request, Response};
 use tokio::time::{Instant, Sleep};
 
 use super::conn::ConnState;
+use crate::budget::HeldUntilSent;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -87,9 +88,18 @@ where
         // The port's services (axum's router, tonic's server) are always
         // ready: their `poll_ready` returns `Ready(Ok)`.
         let answer = self.inner.clone().call(req);
+        let watched = timeout.is_some();
         Box::pin(async move {
-            let resp = answer.await?;
-            Ok(resp.map(|body| GuardedBody { body, _guard: guard }))
+            let mut resp = answer.await?;
+            let held = resp.extensions_mut().remove::<HeldUntilSent>();
+            let progress = watched.then(|| Answering::new(guard.0.clone()));
+            Ok(resp.map(|body| GuardedBody {
+                body,
+                progress,
+                rest: None,
+                _held: held,
+                _guard: guard,
+            }))
         })
     }
 }
@@ -110,11 +120,41 @@ impl Drop for RequestGuard {
     }
 }
 
-/// An answer's body; the request runs until hyper drops it (sent or abandoned).
+/// An answer's body; the request runs until hyper drops it (sent or
+/// abandoned), and holds its bytes of the budget until then.
 pub(crate) struct GuardedBody<B> {
     body: B,
+    /// Tells the connection each time hyper takes from the body (`None` for
+    /// a long-lived stream's answer, which may wait for its data).
+    progress: Option<Answering>,
+    /// What is left of the frame the body gave last (see [`PIECE`]).
+    rest: Option<Bytes>,
+    _held: Option<HeldUntilSent>,
     _guard: RequestGuard,
 }
+
+/// An answer being sent on its connection; dropping it says it is done.
+struct Answering(Arc<ConnState>);
+
+impl Answering {
+    fn new(conn: Arc<ConnState>) -> Answering {
+        conn.answer_started();
+        Answering(conn)
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.answer_done();
+    }
+}
+
+/// The most of an answer handed to hyper at once. hyper drops a body once
+/// it has taken its last frame, however much of it is still unwritten: in
+/// pieces this size, all but the last ~hundreds of KiB (hyper's write queue,
+/// or HTTP/2's flow-control window) stay in the body, and so in the budget,
+/// until the client reads them.
+const PIECE: usize = 64 << 10;
 
 impl<B: http_body::Body<Data = Bytes> + Unpin> http_body::Body for GuardedBody<B> {
     type Data = Bytes;
@@ -124,15 +164,42 @@ impl<B: http_body::Body<Data = Bytes> + Unpin> http_body::Body for GuardedBody<B
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        // hyper takes from the body only while it can write: a client that
+        // does not read stops these calls (the connection's stall timer).
+        if let Some(a) = &self.progress {
+            a.0.answer_progress();
+        }
+        if let Some(rest) = self.rest.as_mut().filter(|r| !r.is_empty()) {
+            let piece = rest.split_to(rest.len().min(PIECE));
+            return Poll::Ready(Some(Ok(Frame::data(piece))));
+        }
+        match Pin::new(&mut self.body).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(mut data) if data.len() > PIECE => {
+                    let piece = data.split_to(PIECE);
+                    self.rest = Some(data);
+                    Poll::Ready(Some(Ok(Frame::data(piece))))
+                }
+                Ok(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                Err(frame) => Poll::Ready(Some(Ok(frame))),
+            },
+            other => other,
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.rest.as_ref().is_none_or(Bytes::is_empty) && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        let rest = self.rest.as_ref().map_or(0, |r| r.len() as u64);
+        let inner = self.body.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + rest);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + rest);
+        }
+        hint
     }
 }
 
