@@ -504,22 +504,29 @@ async fn when_every_connection_has_a_request_running_a_new_tls_client_gets_503()
         leaf: _,
         _secret,
         _repo,
-    } = serve(&[], |c| c.http.max_connections = 2).await;
+    } = serve(&["scalar_out"], |c| {
+        c.http.max_connections = 2;
+        // A `fixed` batch waits 30 s to fill: a lone request runs (its body
+        // in) all that time. A request still receiving its body would not
+        // count: its connection may be evicted (tests/slowloris.rs).
+        c.model_defaults.batch_policy = sluice::settings::BatchPolicyKind::Fixed;
+        c.model_defaults.max_batch_time = 30.0;
+        c.model_defaults.max_batch_size = 64;
+    })
+    .await;
+    let body = r#"{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}"#;
     let mut running = Vec::new();
     for _ in 0..2 {
         let mut conn = connect(s.addr, &ca, &[b"http/1.1"]).await.unwrap();
-        let head = "POST /v2/models/digits/infer HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10\r\n\
-                    Expect: 100-continue\r\n\r\n";
-        conn.write_all(head.as_bytes()).await.unwrap();
-        // hyper says `100 Continue` once the handler reads the body: it runs.
-        let mut line = [0u8; 25];
-        tokio::time::timeout(LIMIT, conn.read_exact(&mut line))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(&line, b"HTTP/1.1 100 Continue\r\n\r\n");
+        let request = format!(
+            "POST /v2/models/scalar_out/infer HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        conn.write_all(request.as_bytes()).await.unwrap();
         running.push(conn);
     }
+    // Their bodies are a few bytes: in and queued at once.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     // Over the limit: the answer comes after the handshake, over TLS.
     let mut third = connect(s.addr, &ca, &[b"http/1.1"]).await.unwrap();
     third
