@@ -186,3 +186,90 @@ async fn answers_a_client_does_not_read_stay_inside_the_budget() {
     drop(unread);
     s.stop().await.unwrap();
 }
+
+/// The same over gRPC: a client whose HTTP/2 window stays at zero (it never
+/// reads its answer) holds the budget until the connection is closed for
+/// making no progress; meanwhile an HTTP request is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_answer_behind_a_zero_window_stays_inside_the_budget() {
+    use prost::Message;
+    use sluice::protocol::grpc::inference::model_infer_request::InferInputTensor;
+    use sluice::protocol::grpc::inference::ModelInferRequest;
+    let repo = tempfile::tempdir().unwrap();
+    add_model(repo.path(), "identity", "echo", r#"{"max_batch_size": 0}"#);
+    add_model(repo.path(), "digits", "digits", "{}");
+    let s = TestServer::start_with(repo.path(), |c| {
+        c.http.max_inflight_bytes = 96 << 20;
+        c.http.write_timeout_seconds = 4.0;
+        c.grpc.max_message_bytes = 64 << 20;
+    })
+    .await;
+    let rows = (48 << 20) / 64;
+    let message = ModelInferRequest {
+        model_name: "echo".into(),
+        inputs: vec![InferInputTensor {
+            name: "input".into(),
+            datatype: "FP32".into(),
+            shape: vec![rows as i64, 16],
+            ..Default::default()
+        }],
+        raw_input_contents: vec![vec![0u8; rows * 64].into()],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    // gRPC's framing: no compression, the length, the message.
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&message);
+    let tcp = tokio::net::TcpStream::connect(s.grpc_addr).await.unwrap();
+    let (mut grpc, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let call = hyper::Request::post(format!(
+        "http://{}/inference.GRPCInferenceService/ModelInfer",
+        s.grpc_addr
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    let (answer, mut send) = grpc.send_request(call, false).unwrap();
+    send.send_data(framed.into(), true).unwrap();
+    // The answer's headers come; its data cannot (the window is zero).
+    let answer = tokio::time::timeout(Duration::from_secs(60), answer)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let (body, _) = digits_body(1);
+    let t0 = Instant::now();
+    loop {
+        let (st, r) = s.post("/v2/models/digits/infer", &body).await;
+        if st == 503 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "never refused while the unread gRPC answer is held: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let t0 = Instant::now();
+    loop {
+        let (st, r) = s.post("/v2/models/digits/infer", &body).await;
+        if st == 200 {
+            break;
+        }
+        assert_eq!(st, 503, "{r}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the budget never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(answer);
+    s.stop().await.unwrap();
+}
