@@ -17,6 +17,8 @@ Writes:
                              bare folders (no settings) whose batch is not plain
                              dim 0: a data-dependent row count, a state batched
                              on axis 1 beside a 0-d input, generated dim names
+  tests/fixtures/models/strings/
+                             BYTES[N] -> the same (the byte budget's BYTES test)
   tests/fixtures/models/identity/
                              FP32[N,16] -> the same, for the request-path bench
                              (benches/request_path.rs): per-request cost, no compute
@@ -671,6 +673,22 @@ def make_scalars() -> None:
     print(f"scalars: {rel(path)} ({path.stat().st_size} B): 0-d Identity round-trip OK")
 
 
+def make_strings() -> None:
+    """BYTES in, the same out: x BYTES[N] -> y (Identity), for what many
+    short strings cost once decoded."""
+    g = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"], name="id_strings")],
+        "strings",
+        [helper.make_tensor_value_info("x", TensorProto.STRING, ["N"])],
+        [helper.make_tensor_value_info("y", TensorProto.STRING, ["N"])],
+    )
+    path = save_model(TEST_MODELS / "strings", finish_model(g), {})
+    sess = session(path)
+    x = np.array(["a", "", "é"], dtype=object)
+    assert list(sess.run(None, {"x": x})[0]) == list(x)
+    print(f"strings: {rel(path)} ({path.stat().st_size} B) {describe(sess)}")
+
+
 MAKERS = {
     "digits": make_digits,
     "mlp": make_mlp,
@@ -688,6 +706,7 @@ MAKERS = {
     "stateful": make_stateful,
     "generated_names": make_generated_names,
     "scalars": make_scalars,
+    "strings": make_strings,
 }
 
 

@@ -188,6 +188,16 @@ impl TensorData {
         self.len() == 0
     }
 
+    /// Bytes the elements hold in memory: a `BYTES` element costs its
+    /// length plus its own `Vec` (24 bytes), so a body of many short strings
+    /// takes several times its size once decoded.
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            TensorData::Bytes(v) => v.iter().map(|s| s.len() + std::mem::size_of::<Vec<u8>>()).sum(),
+            other => other.len() * other.dtype().size_of().unwrap_or(1),
+        }
+    }
+
     /// An empty vector of the given type, with room for `cap` elements.
     pub fn with_capacity(dtype: DataType, cap: usize) -> TensorData {
         match dtype {

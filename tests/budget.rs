@@ -273,3 +273,28 @@ async fn a_grpc_answer_behind_a_zero_window_stays_inside_the_budget() {
     drop(answer);
     s.stop().await.unwrap();
 }
+
+/// Many short BYTES strings cost several times their body once decoded
+/// (each element its own vector): the budget is charged by the decoded
+/// size, so a body of 2 M empty strings (6 MB of JSON, about 48 MB decoded)
+/// is refused by a 32 MiB budget, while 100 k of them pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_tensors_are_charged_by_their_decoded_size() {
+    let repo = repo_with(&["strings"]);
+    let s = TestServer::start_with(repo.path(), |c| c.http.max_inflight_bytes = 32 << 20).await;
+    let body = |n: usize| {
+        let mut text = String::from(r#"{"inputs": [{"name": "x", "datatype": "BYTES", "shape": ["#);
+        text.push_str(&format!("{n}], \"data\": ["));
+        text.push_str(&vec!["\"\""; n].join(","));
+        text.push_str("]}]}");
+        text.into_bytes()
+    };
+    let big = body(2_000_000);
+    assert!(big.len() < 8 << 20, "{} bytes", big.len());
+    let (st, r) = s.post_raw("/v2/models/strings/infer", big).await;
+    assert_eq!(st, 503, "{r}");
+    assert!(error_message(&r).contains("http.max_inflight_bytes"), "{r}");
+    let (st, r) = s.post_raw("/v2/models/strings/infer", body(100_000)).await;
+    assert_eq!(st, 200, "{}", r.to_string().chars().take(300).collect::<String>());
+    s.stop().await.unwrap();
+}

@@ -61,7 +61,14 @@ impl InferenceService {
             // gRPC requests hold together with the HTTP port's.
             let held = self.state.budget.reserve(prost::Message::encoded_len(&req))?;
             let model = self.state.registry.ready(&name, non_empty(&req.model_version))?;
+            let message = prost::Message::encoded_len(&req);
             let request = InferRequest::try_from(req)?;
+            // What the decoded tensors hold beyond the message (many short
+            // BYTES strings cost several times their size), until answered.
+            let _decoded = self
+                .state
+                .budget
+                .reserve(request.heap_bytes().saturating_sub(message))?;
             let resp = model.infer(request, arrival).await?;
             let answer = telemetry::encode(|| ModelInferResponse::from(&resp));
             let bytes = self.state.budget.charge(prost::Message::encoded_len(&answer));

@@ -64,6 +64,7 @@ pub async fn predict(
     let result = async {
         admission.check()?;
         let bytes = body_bytes(body, state.max_body_bytes)?;
+        let body_len = bytes.len();
         let model = state.registry.ready(name, None)?;
         let m = model.clone();
         let req = super::decode_body(bytes, move |b| {
@@ -71,6 +72,7 @@ pub async fn predict(
             Ok(v1::decode(value, &m.signature)?)
         })
         .await?;
+        let _decoded = super::charge_decoded(&state, req.heap_bytes(), body_len)?;
         let resp = model.infer(req, arrival).await?;
         Ok(Json(telemetry::encode(|| v1::encode(&resp))))
     }

@@ -126,6 +126,7 @@ async fn answer_infer(
     let result = async {
         admission.check()?;
         let bytes = body?;
+        let body_len = bytes.len();
         let model = state.registry.ready(&p.name, p.version.as_deref())?;
         let header_length = headers.get(HEADER_LENGTH).map(|v| v.as_bytes().to_vec());
         // The body is freed once decoded (the tensors own their data).
@@ -133,6 +134,7 @@ async fn answer_infer(
             Ok(v2_binary::decode_request(&b, header_length.as_deref())?)
         })
         .await?;
+        let _decoded = super::charge_decoded(state, decoded.request.heap_bytes(), body_len)?;
         let resp = model.infer(decoded.request, arrival).await?;
         let encoded = telemetry::encode(|| v2_binary::encode_response(&resp, &decoded.outputs));
         Ok(infer_response(encoded))

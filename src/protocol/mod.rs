@@ -56,6 +56,11 @@ impl InferRequest {
     pub fn rows(&self) -> usize {
         self.inputs.first().map_or(0, Tensor::rows)
     }
+
+    /// Bytes its decoded tensors hold (see [`TensorData::heap_bytes`]).
+    pub fn heap_bytes(&self) -> usize {
+        self.inputs.iter().map(|t| t.data.heap_bytes()).sum()
+    }
 }
 
 /// `` `a`, `b` `` for messages that list the names a model accepts.
