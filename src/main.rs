@@ -5,11 +5,11 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// mimalloc's tuning (`--features mimalloc`; issue 11). The options set here
+/// mimalloc's tuning (`--features mimalloc`). The options set here
 /// act only after the first arena, which mimalloc commits before `main`; set
 /// MIMALLOC_ARENA_EAGER_COMMIT=0 MIMALLOC_PURGE_DELAY=0 in the environment to
-/// cover it. The side-by-side figures against glibc's malloc (no longer a
-/// saving since 2026-11-26) are in benches/README.md, "Allocator".
+/// cover it. The side-by-side figures against glibc's malloc are in
+/// benches/README.md, "Allocator".
 #[cfg(feature = "mimalloc")]
 mod allocator {
     /// mimalloc v3's option numbers (`mi_option_e` in its `mimalloc.h`;

@@ -280,17 +280,17 @@ fn dispatch(shared: &Arc<Shared>, mut batch: Vec<Entry>, trigger: Trigger) {
         e.queue_span = tracing::Span::none();
     }
     // Reports the batch done however it ends: its session freed, panicked,
-    // or dropped at shutdown (a panic used to leave it counted in flight).
+    // or dropped at shutdown, so it never stays counted in flight.
     let done = Arc::new(Done {
         shared: shared.clone(),
         reported: AtomicBool::new(false),
     });
     let mut run = Box::pin(run_batch(done, batch));
     // A fast model's small batch often runs inline and is done at its first
-    // poll: then no task is spawned for it (spread over 100 models, one
-    // request per batch: 65.7 -> 62.1 us of CPU per request, every one of
-    // 4 interleaved rounds better). A panic stays in the batch, as it would
-    // in a task of its own: the batching task goes on.
+    // poll: then no task is spawned for it (a task per batch costs CPU per
+    // request where batches hold one request; benches/README.md). A panic
+    // stays in the batch, as it would in a task of its own: the batching
+    // task goes on.
     let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         futures_util::FutureExt::now_or_never(run.as_mut())
     }));

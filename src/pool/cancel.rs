@@ -1,5 +1,5 @@
-//! Stopping every running batch when the grace period is over (issue 10,
-//! defect 9): a run still inside ONNX Runtime when the process exits fails
+//! Stopping every running batch when the grace period is over (SPEC §11): a
+//! run still inside ONNX Runtime when the process exits fails
 //! with a runtime error as the library is torn down under it. Shutdown
 //! instead cancels the runs (each session's [`Cancel`] handle), waits until no
 //! session thread is inside a run, and only then lets the process exit.

@@ -1,8 +1,8 @@
 //! The usual V2 JSON infer request, read in one pass: the envelope and every
 //! input's numbers straight from the body's bytes, with no `serde_json`
 //! pass that validates `data` first (`RawValue`) and a second that parses it
-//! (`super::json_data`). That first pass was 14 of the 32 µs a 784-float
-//! body cost.
+//! (`super::json_data`): that first pass was most of a float body's decode
+//! (benches/README.md, "Request path").
 //!
 //! It reads only the common shape, and gives `None` for anything else, so
 //! that [`super::v2_binary::decode_request`] decodes that body the usual

@@ -1,7 +1,7 @@
 //! Bytes in use on each CUDA device, from the CUDA runtime's
 //! `cudaMemGetInfo`, loaded with `dlopen` (the CPU build needs no CUDA).
 //! The repository reads it before and after a model loads to attribute
-//! device memory to that model (issue 13: memory accounting on a GPU).
+//! device memory to that model (`sluice_model_memory_bytes`, README "Metrics").
 
 use std::sync::OnceLock;
 

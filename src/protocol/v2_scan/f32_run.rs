@@ -23,8 +23,8 @@
 //!   in 10^8 short ones) the run stops.
 //!
 //! The usual element, `d.ddd…` (one integer digit: data in [0, 10)), takes
-//! a shorter path (about 80 instructions against 104 per element; the bench's
-//! 784-float body 7.84 → 5.82 µs): the bytes up to the comma are checked
+//! a shorter path (fewer instructions per element; benches/README.md has
+//! the figures): the bytes up to the comma are checked
 //! in one mask test, the dot is weighted 0 instead of shuffled out, the
 //! value is `m × 10^-14` whatever the length, and the halfway margin comes
 //! from `m`'s leading zeros without branches. Every path writes to the
