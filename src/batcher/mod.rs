@@ -3,10 +3,11 @@
 //! its pure state and `policy.rs` the pure rule that decides when a batch
 //! closes.
 //!
-//! A request's rows are dim 0 of its inputs. A request with more rows than
-//! `max_batch_size` is split into chunks that fit (they may share batches
-//! with other requests) and its answer is reassembled in order: it is never
-//! refused for its size.
+//! A request's rows are dim 0 of its inputs (or the axes `batch_axes`
+//! declares). A request with more rows than `max_batch_size` is split into
+//! chunks that fit (they may share batches with other requests) and its
+//! answer is reassembled in order; only one that would take more than
+//! [`MAX_CHUNKS`] batches is refused.
 //!
 //! A model with `padding` batches requests of different lengths together
 //! (`padding.rs` says how, `queue/select.rs` which requests).
@@ -258,6 +259,14 @@ impl Batcher {
                  max_batch_size ({chunk}) rows"
             )));
         }
+        let n_chunks = rows.div_ceil(chunk);
+        if n_chunks > MAX_CHUNKS {
+            return Err(Error::invalid(format!(
+                "the request has {rows} rows: at max_batch_size ({chunk}) that is {n_chunks} batches, more than \
+                 the {MAX_CHUNKS} one request may take; send at most {} rows per request, or raise max_batch_size",
+                chunk * MAX_CHUNKS
+            )));
+        }
         let request = Request {
             rows,
             chunk,
@@ -420,6 +429,12 @@ struct Request<'a> {
     /// The model's batch axes while it batches.
     layout: Option<&'a Layout>,
 }
+
+/// Most chunks (batches) one request may be split into. Beyond it the
+/// request is refused (400) before anything is queued: millions of tiny rows
+/// (empty strings) at a small `max_batch_size` would otherwise cost hundreds
+/// of thousands of batches of CPU before the request's timeout ends them.
+const MAX_CHUNKS: usize = 16_384;
 
 /// Most chunks of one request queued at once (see [`Batcher::run_chunks`]).
 const CHUNKS_IN_FLIGHT: usize = 32;

@@ -316,6 +316,25 @@ async fn many_narrow_rows_run_through_a_window_of_chunks_and_come_back_in_order(
 }
 
 #[tokio::test]
+async fn a_request_that_would_take_more_than_max_chunks_batches_is_refused() {
+    let m = start(settings(BatchPolicyKind::Adaptive, 4, 1), Duration::ZERO);
+    let rows = 4 * super::MAX_CHUNKS + 1;
+    let e = infer(&m.batcher, request(1, rows, 1)).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidInput(_)), "{e:?}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&format!("{rows} rows")) && msg.contains("max_batch_size (4)"),
+        "{msg}"
+    );
+    assert_eq!(m.seen.started.load(SeqCst), 0, "nothing ran");
+    // At the bound it runs, in MAX_CHUNKS batches.
+    let out = infer(&m.batcher, request(2, 4 * super::MAX_CHUNKS, 1))
+        .await
+        .unwrap();
+    assert_eq!(out.0.rows(), 4 * super::MAX_CHUNKS);
+}
+
+#[tokio::test]
 async fn rows_without_elements_beyond_max_batch_size_are_refused() {
     let m = start(settings(BatchPolicyKind::Adaptive, 4, 1), Duration::ZERO);
     // 10^12 rows of nothing would otherwise be split into 2.5 * 10^11 chunks.
