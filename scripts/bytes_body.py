@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""What six large BYTES bodies at once cost the server, against its byte
+budget (`http.max_inflight_bytes`).
+
+Starts BINARY on a temporary repository holding the `strings` fixture
+(BYTES[N] identity) with a 384 MiB budget, posts six V2 JSON bodies of
+63 MiB of empty strings (`""`, three bytes of text per element, each one a
+vector once decoded) at once, and prints the server's resident memory
+before, its peak growth (VmHWM), and each answer's status and seconds.
+
+Usage: scripts/bytes_body.py BINARY   (a release build; needs .ort/ from make setup)
+Python stdlib only.
+"""
+import http.client
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+binary = sys.argv[1]
+root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+repo = tempfile.mkdtemp()
+shutil.copytree(f"{root}/tests/fixtures/models/strings", f"{repo}/strings")
+env = dict(os.environ, ORT_DYLIB_PATH=f"{root}/.ort/cpu/libonnxruntime.so.1.31.1", SLUICE_HTTP__MAX_INFLIGHT_BYTES=str(384 << 20))
+p = subprocess.Popen([binary, "serve", "--model-repository", repo, "--http-port", "18400", "--grpc-port", "18401"], env=env, cwd=tempfile.gettempdir(), stderr=subprocess.DEVNULL)
+def kb(key):
+    for l in open(f"/proc/{p.pid}/status"):
+        if l.startswith(key): return int(l.split()[1])
+for _ in range(100):
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", 18400, timeout=2); c.request("GET", "/v2/health/ready")
+        if c.getresponse().status == 200: break
+    except OSError: pass
+    time.sleep(0.1)
+n = (63 << 20) // 3
+body = (b'{"inputs": [{"name": "x", "datatype": "BYTES", "shape": [' + str(n).encode() + b'], "data": [' + b",".join([b'""'] * n) + b"]}]}")
+rss0 = kb("VmRSS:")
+results = []
+def post():
+    t0 = time.monotonic()
+    c = http.client.HTTPConnection("127.0.0.1", 18400, timeout=120)
+    c.request("POST", "/v2/models/strings/infer", body=body)
+    r = c.getresponse(); text = r.read()[:160]
+    results.append((r.status, round(time.monotonic() - t0, 2), text))
+ts = [threading.Thread(target=post) for _ in range(6)]
+for t in ts: t.start()
+for t in ts: t.join()
+print(json.dumps({"body_mib": round(len(body) / 2**20, 1), "rss_before_mib": rss0 // 1024, "peak_growth_mib": (kb("VmHWM:") - rss0) // 1024,
+                  "answers": [(s, t) for s, t, _ in results], "first_error": results[0][2].decode(errors="replace")}))
+p.terminate(); p.wait()
