@@ -274,14 +274,6 @@ impl Tensor {
         self.shape.iter().skip(1).product()
     }
 
-    /// Appends `other`'s rows (same name, dtype and trailing dims) after this tensor's.
-    pub fn append_rows(&mut self, other: &Tensor) {
-        self.data.extend_from(&other.data);
-        if let Some(d0) = self.shape.first_mut() {
-            *d0 += other.rows();
-        }
-    }
-
     /// Rows `range` of dim 0, as a new tensor.
     pub fn slice_rows(&self, range: std::ops::Range<usize>) -> Tensor {
         let row = self.row_len();

@@ -270,6 +270,7 @@ impl Batcher {
         let request = Request {
             rows,
             chunk,
+            chunks: n_chunks.max(1),
             times: (arrival, deadline),
             padded,
             layout,
@@ -307,14 +308,16 @@ impl Batcher {
         r: Request<'_>,
         slot: &mut Slot<'_>,
     ) -> Result<(Vec<Tensor>, Arc<str>)> {
-        let n_chunks = r.rows.div_ceil(r.chunk).max(1);
+        let n_chunks = r.chunks;
         let (Some(layout), true) = (r.layout, n_chunks > 1) else {
             // The common case: the inputs are moved, not copied, and nothing is joined.
             let rx = self.queue_chunk(inputs, (true, true), r.times, r.padded, r.layout, slot)?;
             return rx.await.map_err(|_| self.unloading())?;
         };
         let mut in_flight = std::collections::VecDeque::new();
-        let mut joined: Option<(Vec<Tensor>, Arc<str>)> = None;
+        // Each chunk's outputs, joined once every chunk is answered.
+        let mut answered: Vec<Vec<Tensor>> = Vec::with_capacity(n_chunks);
+        let mut last_id = None;
         let mut next = 0;
         while next < n_chunks || !in_flight.is_empty() {
             while next < n_chunks && in_flight.len() < CHUNKS_IN_FLIGHT {
@@ -347,17 +350,16 @@ impl Batcher {
                 }
                 other => other?,
             };
-            match &mut joined {
-                None => joined = Some((part, id)),
-                Some((all, last_id)) => {
-                    for (a, (p, axis)) in all.iter_mut().zip(part.iter().zip(&layout.outputs)) {
-                        *a = Tensor::concat_axis(&[&*a, p], *axis);
-                    }
-                    *last_id = id;
-                }
-            }
+            answered.push(part);
+            last_id = Some(id);
         }
-        Ok(joined.expect("at least one chunk"))
+        let joined = layout
+            .outputs
+            .iter()
+            .enumerate()
+            .map(|(o, &axis)| Tensor::concat_axis(&answered.iter().map(|p| &p[o]).collect::<Vec<_>>(), axis))
+            .collect();
+        Ok((joined, last_id.expect("at least one chunk")))
     }
 
     /// Queues one chunk of a request; `last`: the request's last chunk,
@@ -422,6 +424,8 @@ struct Request<'a> {
     rows: usize,
     /// Most rows of one chunk.
     chunk: usize,
+    /// How many chunks it is cut into (at least 1).
+    chunks: usize,
     /// Its arrival and deadline.
     times: (Instant, Instant),
     /// A padded model's grouping key and lengths.
