@@ -304,21 +304,27 @@ fn value_key(t: &Tensor) -> Vec<usize> {
 #[derive(Debug)]
 pub struct Batching {
     model: String,
-    layout: Option<Layout>,
+    /// The layout the model was found to have, or dim 0 of every tensor
+    /// for one found not to batch.
+    axes: Layout,
     off: OnceLock<String>,
 }
 
 impl Batching {
-    /// `layout`: the tensors' batch axes, or why the model does not batch.
-    pub fn new(model: &str, layout: Result<Layout, String>) -> Batching {
-        let (layout, off) = match layout {
-            Ok(l) => (Some(l), OnceLock::new()),
-            Err(why) => (None, OnceLock::from(why)),
+    /// `layout`: the tensors' batch axes, or why the model (with `sig`'s
+    /// inputs and outputs) does not batch.
+    pub fn new(model: &str, sig: &Signature, layout: Result<Layout, String>) -> Batching {
+        let (axes, off) = match layout {
+            Ok(l) => (l, OnceLock::new()),
+            Err(why) => (
+                Layout::plain(sig.inputs.len(), sig.outputs.len()),
+                OnceLock::from(why),
+            ),
         };
         metrics::model_batching(model, off.get().is_none());
         Batching {
             model: model.to_string(),
-            layout,
+            axes,
             off,
         }
     }
@@ -326,14 +332,17 @@ impl Batching {
     /// The layout while the model batches; `None` once it does not.
     pub fn layout(&self) -> Option<&Layout> {
         match self.off.get() {
-            None => self.layout.as_ref(),
+            None => Some(&self.axes),
             Some(_) => None,
         }
     }
 
-    /// The layout the model was found to have, on or off.
-    pub fn found(&self) -> Option<&Layout> {
-        self.layout.as_ref()
+    /// The axes requests already queued or batched are concatenated and cut
+    /// along, on or off: a batch of several entries, or of a chunk, forms
+    /// only while the model batches, so these are the axes it was found to
+    /// have (dim 0 of every tensor for one found not to batch from the start).
+    pub fn axes(&self) -> &Layout {
+        &self.axes
     }
 
     /// Why the model does not batch, once it does not.

@@ -172,10 +172,7 @@ impl Batcher {
     /// accepted it may have padded differently (or not at all).
     fn requeue(&self, entry: Entry) {
         let entry = match entry.regroup(self.inner.padding.as_deref()) {
-            Ok(e) => match self.inner.batching.found() {
-                Some(layout) => e.laid_out(layout),
-                None => e,
-            },
+            Ok(e) => e.laid_out(self.inner.batching.axes()),
             Err(refused) => {
                 let (e, why) = *refused;
                 let _ = e.reply.send(Err(Error::invalid(why)));

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch, Notify};
 use tracing::Instrument;
 
-use super::layout::{Batching, Layout};
+use super::layout::Batching;
 use super::padding::Padding;
 use super::policy::{decide, Capacity, Decision, Trigger};
-use super::queue::{Dropped, Entry, Limits, State};
+use super::queue::{Dropped, Entry, EntryResult, Limits, State};
 use super::{Batcher, Msg};
 use crate::batcher::stats::{BatchTimes, ModelStats};
 use crate::error::Error;
@@ -392,15 +392,7 @@ fn cut(
     outputs: &[Tensor],
     rows: usize,
 ) -> Result<Vec<Vec<Tensor>>, String> {
-    // A batch of several entries, or of a chunk, forms only while the model batches.
-    let plain;
-    let layout = match shared.batching.found() {
-        Some(l) => l,
-        None => {
-            plain = Layout::plain(batch[0].inputs.len(), outputs.len());
-            &plain
-        }
-    };
+    let layout = shared.batching.axes();
     layout.follows(outputs, rows)?;
     let padded = shared.padding.as_ref().filter(|_| batch.len() > 1);
     if let Some(p) = padded {
@@ -421,39 +413,32 @@ fn cut(
         .collect())
 }
 
-/// Runs each entry of a batch alone and answers it. A chunk of a request
-/// on a model that no longer batches is answered [`Error::Unbatched`]
-/// without running: its request runs again whole.
+/// Runs each entry of a batch alone and answers it.
 async fn alone(shared: &Shared, batch: Vec<Entry>) {
     for mut e in batch {
-        let id = next_batch_id();
-        let unbatched = || Err(Error::Unbatched(shared.model.to_string()));
-        let r = if !e.whole && shared.batching.off().is_some() {
-            unbatched()
-        } else {
-            match run(shared, std::slice::from_mut(&mut e), None).await {
-                Ok(ran) => {
-                    // A chunk's outputs are joined with the other chunks': they must follow its rows.
-                    let follows = match (e.whole, shared.batching.found()) {
-                        (false, Some(l)) => l.follows(&ran.outputs, e.rows),
-                        _ => Ok(()),
-                    };
-                    match follows {
-                        Ok(()) => {
-                            shared.stats.executed(1, e.rows, ran.times);
-                            Ok((ran.outputs, id))
-                        }
-                        Err(why) => {
-                            shared.batching.turn_off(why);
-                            unbatched()
-                        }
-                    }
-                }
-                Err(err) => Err(err),
-            }
-        };
+        let r = run_alone(shared, &mut e).await;
         let _ = e.reply.send(r);
     }
+}
+
+/// Runs one entry alone. A chunk of a request on a model that no longer
+/// batches is answered [`Error::Unbatched`] without running (its request
+/// runs again whole), as is one whose outputs, to be joined with the other
+/// chunks', turn out not to follow its rows.
+async fn run_alone(shared: &Shared, e: &mut Entry) -> EntryResult {
+    let unbatched = || Error::Unbatched(shared.model.to_string());
+    if !e.whole && shared.batching.off().is_some() {
+        return Err(unbatched());
+    }
+    let ran = run(shared, std::slice::from_mut(e), None).await?;
+    if !e.whole {
+        if let Err(why) = shared.batching.axes().follows(&ran.outputs, e.rows) {
+            shared.batching.turn_off(why);
+            return Err(unbatched());
+        }
+    }
+    shared.stats.executed(1, e.rows, ran.times);
+    Ok((ran.outputs, next_batch_id()))
 }
 
 /// A batch that ran: every output of the model for all its rows, and how
@@ -470,13 +455,13 @@ async fn run(shared: &Shared, batch: &mut [Entry], on_free: Option<Arc<Done>>) -
     // A padded model's batch is padded to its longest entry in each padded dim.
     let padded = shared.padding.as_ref().filter(|_| batch.len() > 1);
     let max = longest(batch);
-    let inputs: Vec<Tensor> = match (padded, shared.batching.found()) {
+    let inputs: Vec<Tensor> = match padded {
         _ if batch.len() == 1 => std::mem::take(&mut batch[0].inputs),
-        (Some(p), _) => p.concat(&batch.iter().map(|e| &e.inputs[..]).collect::<Vec<_>>(), &max),
-        (None, Some(layout)) => layout.concat(&batch.iter().map(|e| &e.inputs[..]).collect::<Vec<_>>()),
-        (None, None) => (0..batch[0].inputs.len())
-            .map(|i| Tensor::concat_rows(&batch.iter().map(|e| &e.inputs[i]).collect::<Vec<_>>()))
-            .collect(),
+        Some(p) => p.concat(&batch.iter().map(|e| &e.inputs[..]).collect::<Vec<_>>(), &max),
+        None => shared
+            .batching
+            .axes()
+            .concat(&batch.iter().map(|e| &e.inputs[..]).collect::<Vec<_>>()),
     };
     let oldest = batch
         .iter()

@@ -116,7 +116,7 @@ pub async fn build(
         Ok(l) => format!("on, {}", l.describe(&loaded.signature)),
         Err(why) => format!("off ({why})"),
     };
-    let batching = Batching::new(name, warmed.layout);
+    let batching = Batching::new(name, &loaded.signature, warmed.layout);
     let workers = Arc::new(warmed.workers);
     let batcher = Batcher::spawn(name, settings.batching, workers, outputs, padding, batching);
     // The padded dims, and the bound the batcher enforces (its device's default when unset).

@@ -20,7 +20,7 @@ use crate::error::Error;
 use crate::pool::{ModelWorkers, Pool, PoolLimits};
 use crate::runtime::{Device, RuntimeError, Session};
 use crate::settings::{BatchPolicyKind, BatchSettings};
-use crate::tensor::{Tensor, TensorData};
+use crate::tensor::{Signature, Tensor, TensorData};
 
 /// A batch holding this value fails inside the fake session.
 const POISON: f32 = -1.0;
@@ -162,7 +162,7 @@ fn start_on(pool: &Pool, name: &str, settings: BatchSettings, delay: Duration, i
         .collect();
     let outputs = vec!["y".to_string()];
     let (workers, _warmed) = ModelWorkers::spawn(name, sessions, pool, Vec::new(), outputs.clone());
-    let batching = Batching::new(name, Ok(Layout::plain(1, 1)));
+    let batching = Batching::new(name, &Signature::default(), Ok(Layout::plain(1, 1)));
     let batcher = Batcher::spawn(name, settings, Arc::new(workers), outputs, None, batching);
     Model { batcher, seen, gate }
 }

@@ -38,7 +38,7 @@ fn start_padded_on(device: Device, settings: BatchSettings) -> Model {
     let outputs = vec!["y".to_string()];
     let sessions = vec![(device, Box::new(session) as Box<dyn Session>)];
     let (workers, _warmed) = ModelWorkers::spawn("padded", sessions, &pool, Vec::new(), outputs.clone());
-    let batching = Batching::new("padded", Ok(Layout::plain(1, 1)));
+    let batching = Batching::new("padded", &Signature::default(), Ok(Layout::plain(1, 1)));
     let batcher = Batcher::spawn(
         "padded",
         settings,
