@@ -64,7 +64,11 @@ where
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
-        let guard = RequestGuard::new(self.conn.clone());
+        let guard = Counted::new(
+            self.conn.clone(),
+            ConnState::begin_request,
+            ConnState::end_request,
+        );
         let timeout = match self.untimed.contains(&req.uri().path()) {
             true => None,
             false => Some(self.body_read_timeout),
@@ -74,7 +78,11 @@ where
             // A body still to arrive (not a long-lived stream's) makes the
             // connection evictable at the cap until it is in.
             let receiving = match (timeout, http_body::Body::is_end_stream(&body)) {
-                (Some(_), false) => Some(Receiving::new(conn.clone())),
+                (Some(_), false) => Some(Counted::new(
+                    conn.clone(),
+                    ConnState::body_started,
+                    ConnState::body_done,
+                )),
                 _ => None,
             };
             TimedBody {
@@ -92,11 +100,17 @@ where
         Box::pin(async move {
             let mut resp = answer.await?;
             let held = resp.extensions_mut().remove::<HeldUntilSent>();
-            let progress = watched.then(|| Answering::new(guard.0.clone()));
+            let progress = watched.then(|| {
+                Counted::new(
+                    guard.conn.clone(),
+                    ConnState::answer_started,
+                    ConnState::answer_done,
+                )
+            });
             Ok(resp.map(|body| GuardedBody {
                 body,
                 progress,
-                rest: None,
+                rest: Bytes::new(),
                 _held: held,
                 _guard: guard,
             }))
@@ -104,19 +118,23 @@ where
     }
 }
 
-/// A running request of a connection; dropping it ends the request.
-struct RequestGuard(Arc<ConnState>);
+/// Something counted on its connection from its creation to its drop: a
+/// request running, a request body arriving, an answer being sent.
+struct Counted {
+    conn: Arc<ConnState>,
+    end: fn(&ConnState),
+}
 
-impl RequestGuard {
-    fn new(conn: Arc<ConnState>) -> RequestGuard {
-        conn.begin_request();
-        RequestGuard(conn)
+impl Counted {
+    fn new(conn: Arc<ConnState>, begin: fn(&ConnState), end: fn(&ConnState)) -> Counted {
+        begin(&conn);
+        Counted { conn, end }
     }
 }
 
-impl Drop for RequestGuard {
+impl Drop for Counted {
     fn drop(&mut self) {
-        self.0.end_request();
+        (self.end)(&self.conn);
     }
 }
 
@@ -126,27 +144,11 @@ pub(crate) struct GuardedBody<B> {
     body: B,
     /// Tells the connection each time hyper takes from the body (`None` for
     /// a long-lived stream's answer, which may wait for its data).
-    progress: Option<Answering>,
+    progress: Option<Counted>,
     /// What is left of the frame the body gave last (see [`PIECE`]).
-    rest: Option<Bytes>,
+    rest: Bytes,
     _held: Option<HeldUntilSent>,
-    _guard: RequestGuard,
-}
-
-/// An answer being sent on its connection; dropping it says it is done.
-struct Answering(Arc<ConnState>);
-
-impl Answering {
-    fn new(conn: Arc<ConnState>) -> Answering {
-        conn.answer_started();
-        Answering(conn)
-    }
-}
-
-impl Drop for Answering {
-    fn drop(&mut self) {
-        self.0.answer_done();
-    }
+    _guard: Counted,
 }
 
 /// The most of an answer handed to hyper at once. hyper drops a body once
@@ -167,17 +169,17 @@ impl<B: http_body::Body<Data = Bytes> + Unpin> http_body::Body for GuardedBody<B
         // hyper takes from the body only while it can write: a client that
         // does not read stops these calls (the connection's stall timer).
         if let Some(a) = &self.progress {
-            a.0.answer_progress();
+            a.conn.answer_progress();
         }
-        if let Some(rest) = self.rest.as_mut().filter(|r| !r.is_empty()) {
-            let piece = rest.split_to(rest.len().min(PIECE));
-            return Poll::Ready(Some(Ok(Frame::data(piece))));
+        if !self.rest.is_empty() {
+            let n = self.rest.len().min(PIECE);
+            return Poll::Ready(Some(Ok(Frame::data(self.rest.split_to(n)))));
         }
         match Pin::new(&mut self.body).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                 Ok(mut data) if data.len() > PIECE => {
                     let piece = data.split_to(PIECE);
-                    self.rest = Some(data);
+                    self.rest = data;
                     Poll::Ready(Some(Ok(Frame::data(piece))))
                 }
                 Ok(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
@@ -188,11 +190,11 @@ impl<B: http_body::Body<Data = Bytes> + Unpin> http_body::Body for GuardedBody<B
     }
 
     fn is_end_stream(&self) -> bool {
-        self.rest.as_ref().is_none_or(Bytes::is_empty) && self.body.is_end_stream()
+        self.rest.is_empty() && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        let rest = self.rest.as_ref().map_or(0, |r| r.len() as u64);
+        let rest = self.rest.len() as u64;
         let inner = self.body.size_hint();
         let mut hint = SizeHint::new();
         hint.set_lower(inner.lower() + rest);
@@ -213,23 +215,7 @@ pub struct TimedBody {
     /// Armed the first time the body is not ready.
     sleep: Option<Pin<Box<Sleep>>>,
     /// Held while the body is arriving; dropped when it is in.
-    receiving: Option<Receiving>,
-}
-
-/// A request body still arriving on its connection; dropping it says it is in.
-struct Receiving(Arc<ConnState>);
-
-impl Receiving {
-    fn new(conn: Arc<ConnState>) -> Receiving {
-        conn.body_started();
-        Receiving(conn)
-    }
-}
-
-impl Drop for Receiving {
-    fn drop(&mut self) {
-        self.0.body_done();
-    }
+    receiving: Option<Counted>,
 }
 
 impl http_body::Body for TimedBody {
