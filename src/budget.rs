@@ -84,6 +84,15 @@ impl ByteBudget {
 }
 
 impl ByteBudget {
+    /// Reserves what a request's decoded tensors hold (`decoded` bytes)
+    /// beyond its body or message (`wire` bytes, reserved at admission),
+    /// until it is answered: many short `BYTES` strings decode to several
+    /// times their size. Refused like [`ByteBudget::reserve`]; the caller
+    /// then drops the tensors at once.
+    pub fn reserve_decoded(&self, decoded: usize, wire: usize) -> Result<Reservation, Error> {
+        self.reserve(decoded.saturating_sub(wire))
+    }
+
     /// Charges an answer's `bytes` without refusing it: what is left of the
     /// budget, at most `bytes` (the answer exists already; requests that
     /// come while it is unsent find the budget that much fuller).

@@ -59,16 +59,11 @@ impl InferenceService {
         let result = async {
             // The message is already decoded, so this bounds what accepted
             // gRPC requests hold together with the HTTP port's.
-            let held = self.state.budget.reserve(prost::Message::encoded_len(&req))?;
-            let model = self.state.registry.ready(&name, non_empty(&req.model_version))?;
             let message = prost::Message::encoded_len(&req);
+            let held = self.state.budget.reserve(message)?;
+            let model = self.state.registry.ready(&name, non_empty(&req.model_version))?;
             let request = InferRequest::try_from(req)?;
-            // What the decoded tensors hold beyond the message (many short
-            // BYTES strings cost several times their size), until answered.
-            let _decoded = self
-                .state
-                .budget
-                .reserve(request.heap_bytes().saturating_sub(message))?;
+            let _decoded = self.state.budget.reserve_decoded(request.heap_bytes(), message)?;
             let resp = model.infer(request, arrival).await?;
             let answer = telemetry::encode(|| ModelInferResponse::from(&resp));
             let bytes = self.state.budget.charge(prost::Message::encoded_len(&answer));

@@ -293,21 +293,6 @@ fn admit(
         .map_err(ApiError)
 }
 
-/// Reserves what a request's decoded tensors hold beyond its body (already
-/// reserved at admission), until it is answered: a body of many short
-/// `BYTES` strings decodes to several times its size. Refused (503) when
-/// the budget cannot hold it; the decoded tensors are then dropped at once.
-pub(crate) fn charge_decoded(
-    state: &AppState,
-    decoded: usize,
-    body: usize,
-) -> Result<crate::budget::Reservation, ApiError> {
-    state
-        .budget
-        .reserve(decoded.saturating_sub(body))
-        .map_err(ApiError)
-}
-
 /// The bytes a request's body will hold: its `Content-Length` (at most the
 /// body limit), or the body limit for a chunked body of unknown size.
 fn body_size(headers: &axum::http::HeaderMap, limit: usize) -> usize {

@@ -72,7 +72,7 @@ pub async fn predict(
             Ok(v1::decode(value, &m.signature)?)
         })
         .await?;
-        let _decoded = super::charge_decoded(&state, req.heap_bytes(), body_len)?;
+        let _decoded = state.budget.reserve_decoded(req.heap_bytes(), body_len)?;
         let resp = model.infer(req, arrival).await?;
         Ok(Json(telemetry::encode(|| v1::encode(&resp))))
     }

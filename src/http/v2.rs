@@ -134,7 +134,9 @@ async fn answer_infer(
             Ok(v2_binary::decode_request(&b, header_length.as_deref())?)
         })
         .await?;
-        let _decoded = super::charge_decoded(state, decoded.request.heap_bytes(), body_len)?;
+        let _decoded = state
+            .budget
+            .reserve_decoded(decoded.request.heap_bytes(), body_len)?;
         let resp = model.infer(decoded.request, arrival).await?;
         let encoded = telemetry::encode(|| v2_binary::encode_response(&resp, &decoded.outputs));
         Ok(infer_response(encoded))
