@@ -406,17 +406,17 @@ fn evidence(
             e.samples.len()
         ));
     }
+    let enabled = settings.batching.batching_enabled();
+    let layout = e.layout.as_ref().map_err(String::as_str);
+    let verdict = sluice::batcher::layout::verdict(layout, enabled, &loaded.signature);
     let whole = "each request runs alone and gets its outputs whole";
-    let batching = match &e.layout {
-        Err(why) if !from_file => format!("off: {why} (the ONNX file's dims); {whole}"),
-        Err(why) => format!("off: {why}; {whole}"),
-        Ok(_) if !settings.batching.batching_enabled() => "off: max_batch_size is 1".into(),
-        Ok(l) => format!(
-            "on, {} (a served batch may still show otherwise)",
-            l.describe(&loaded.signature)
-        ),
+    let why = match (&e.layout, from_file) {
+        (Err(_), false) => format!(" (the ONNX file's dims); {whole}"),
+        (Err(_), true) => format!("; {whole}"),
+        (Ok(_), _) if enabled => " (a served batch may still show otherwise)".into(),
+        (Ok(_), _) => String::new(),
     };
-    lines.push(format!("batching: {batching}"));
+    lines.push(format!("batching: {verdict}{why}"));
     lines.push(match e.probe {
         None => "warm-up: off (`warmup` is false)".into(),
         Some(p) => match (p.rejected, p.off) {

@@ -281,6 +281,17 @@ impl Layout {
     }
 }
 
+/// Whether a model batches, as the repository index and `sluice check` say
+/// it: `on, along …` (`layout`, while `max_batch_size` lets requests share
+/// batches), `off: max_batch_size is 1`, or `off: why`.
+pub fn verdict(layout: Result<&Layout, &str>, batching_enabled: bool, sig: &Signature) -> String {
+    match layout {
+        Ok(l) if batching_enabled => format!("on, {}", l.describe(sig)),
+        Ok(_) => "off: max_batch_size is 1".into(),
+        Err(why) => format!("off: {why}"),
+    }
+}
+
 /// A 0-d input's shape and value as key words: equal keys, equal tensors
 /// (the value's bytes as the binary extension writes them, length-prefixed
 /// strings for BYTES).

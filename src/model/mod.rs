@@ -97,13 +97,9 @@ impl ModelHandle {
     /// `sluice check` say it: `on, along …` or `off: why`.
     pub fn batching_report(&self) -> String {
         let b = self.batcher.batching();
-        match (b.layout(), b.off()) {
-            (Some(l), _) if self.batcher.settings().batching_enabled() => {
-                format!("on, {}", l.describe(&self.signature))
-            }
-            (Some(_), _) => "off: max_batch_size is 1".into(),
-            (None, why) => format!("off: {}", why.unwrap_or("-")),
-        }
+        let layout = b.layout().ok_or(b.off().unwrap_or("-"));
+        let enabled = self.batcher.settings().batching_enabled();
+        crate::batcher::layout::verdict(layout, enabled, &self.signature)
     }
 
     pub fn version(&self) -> Option<&str> {
