@@ -143,19 +143,35 @@ fn echo_request(rows: usize) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_a_client_does_not_read_stay_inside_the_budget() {
     use tokio::io::AsyncWriteExt;
+    let (_repo, s) = start_echo().await;
+    let mut unread = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    unread.write_all(&echo_request((48 << 20) / 64)).await.unwrap();
+    held_until_closed_for_not_reading(&s, "HTTP").await;
+    drop(unread);
+    s.stop().await.unwrap();
+}
+
+/// A server with `echo` (the identity fixture, batching off) and `digits`,
+/// a 96 MiB byte budget (a 48 MiB request and its answer fill it) and a 4 s
+/// write timeout.
+async fn start_echo() -> (tempfile::TempDir, TestServer) {
     let repo = tempfile::tempdir().unwrap();
     add_model(repo.path(), "identity", "echo", r#"{"max_batch_size": 0}"#);
     add_model(repo.path(), "digits", "digits", "{}");
     let s = TestServer::start_with(repo.path(), |c| {
-        // The request and its answer, 48 MiB each, fill it.
         c.http.max_inflight_bytes = 96 << 20;
         c.http.write_timeout_seconds = 4.0;
     })
     .await;
-    let mut unread = tokio::net::TcpStream::connect(s.addr).await.unwrap();
-    unread.write_all(&echo_request((48 << 20) / 64)).await.unwrap();
+    (repo, s)
+}
+
+/// While an unread 48 MiB answer (over `how`) holds the budget, a small
+/// request is refused, at once, naming the budget; once the connection is
+/// closed for not reading, its bytes come back and the request passes.
+async fn held_until_closed_for_not_reading(s: &TestServer, how: &str) {
     let (body, _) = digits_body(1);
-    // Refused once the answer is made and stuck in the full socket.
+    // Refused once the answer is made and stuck.
     let t0 = Instant::now();
     loop {
         let (st, r) = s.post("/v2/models/digits/infer", &body).await;
@@ -165,11 +181,10 @@ async fn answers_a_client_does_not_read_stay_inside_the_budget() {
         }
         assert!(
             t0.elapsed() < Duration::from_secs(3),
-            "never refused while the unread answer is held: {r}"
+            "never refused while the unread {how} answer is held: {r}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // The connection that does not read is closed; its bytes come back.
     let t0 = Instant::now();
     loop {
         let (st, r) = s.post("/v2/models/digits/infer", &body).await;
@@ -183,8 +198,6 @@ async fn answers_a_client_does_not_read_stay_inside_the_budget() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    drop(unread);
-    s.stop().await.unwrap();
 }
 
 /// The same over gRPC: a client whose HTTP/2 window stays at zero (it never
@@ -195,15 +208,7 @@ async fn a_grpc_answer_behind_a_zero_window_stays_inside_the_budget() {
     use prost::Message;
     use sluice::protocol::grpc::inference::model_infer_request::InferInputTensor;
     use sluice::protocol::grpc::inference::ModelInferRequest;
-    let repo = tempfile::tempdir().unwrap();
-    add_model(repo.path(), "identity", "echo", r#"{"max_batch_size": 0}"#);
-    add_model(repo.path(), "digits", "digits", "{}");
-    let s = TestServer::start_with(repo.path(), |c| {
-        c.http.max_inflight_bytes = 96 << 20;
-        c.http.write_timeout_seconds = 4.0;
-        c.grpc.max_message_bytes = 64 << 20;
-    })
-    .await;
+    let (_repo, s) = start_echo().await;
     let rows = (48 << 20) / 64;
     let message = ModelInferRequest {
         model_name: "echo".into(),
@@ -244,32 +249,7 @@ async fn a_grpc_answer_behind_a_zero_window_stays_inside_the_budget() {
         .unwrap()
         .unwrap();
     assert_eq!(answer.status(), 200);
-    let (body, _) = digits_body(1);
-    let t0 = Instant::now();
-    loop {
-        let (st, r) = s.post("/v2/models/digits/infer", &body).await;
-        if st == 503 {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(3),
-            "never refused while the unread gRPC answer is held: {r}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let t0 = Instant::now();
-    loop {
-        let (st, r) = s.post("/v2/models/digits/infer", &body).await;
-        if st == 200 {
-            break;
-        }
-        assert_eq!(st, 503, "{r}");
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the budget never came back"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    held_until_closed_for_not_reading(&s, "gRPC").await;
     drop(answer);
     s.stop().await.unwrap();
 }
