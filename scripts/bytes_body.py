@@ -5,7 +5,7 @@ budget (`http.max_inflight_bytes`).
 Starts BINARY on a temporary repository holding the `strings` fixture
 (BYTES[N] identity) with a 384 MiB budget, posts six V2 JSON bodies of
 63 MiB of empty strings (`""`, three bytes of text per element, each one a
-vector once decoded) at once, and prints the server's resident memory
+element once decoded) at once, and prints the server's resident memory
 before, its peak growth (VmHWM), and each answer's status and seconds.
 
 Usage: scripts/bytes_body.py BINARY   (a release build; needs .ort/ from make setup)
@@ -50,5 +50,6 @@ ts = [threading.Thread(target=post) for _ in range(6)]
 for t in ts: t.start()
 for t in ts: t.join()
 print(json.dumps({"body_mib": round(len(body) / 2**20, 1), "rss_before_mib": rss0 // 1024, "peak_growth_mib": (kb("VmHWM:") - rss0) // 1024,
-                  "answers": [(s, t) for s, t, _ in results], "first_error": results[0][2].decode(errors="replace")}))
+                  "answers": [(s, t) for s, t, _ in results],
+                  "errors": sorted({text.decode(errors="replace") for s, _, text in results if s != 200})}, indent=1))
 p.terminate(); p.wait()

@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+pub use strings::Strings;
+
 /// A tensor element type, named as in the Open Inference Protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DataType {
@@ -108,7 +110,7 @@ pub enum TensorData {
     Bf16(Vec<half::bf16>),
     F32(Vec<f32>),
     F64(Vec<f64>),
-    Bytes(Vec<Vec<u8>>),
+    Bytes(Strings),
 }
 
 /// Runs `$body` with `$v` bound to the inner `Vec` of any variant.
@@ -135,9 +137,10 @@ macro_rules! with_tensor_data {
     };
 }
 
-/// Rebuilds the same variant as `$data` from an expression producing its `Vec`.
+/// Rebuilds the same variant as `$data` from an expression producing its
+/// `Vec`, or, for `BYTES`, its [`Strings`].
 macro_rules! map_tensor_data {
-    ($data:expr, $v:ident => $body:expr) => {
+    ($data:expr, $v:ident => $body:expr, $s:ident => $bytes:expr) => {
         match $data {
             TensorData::Bool($v) => TensorData::Bool($body),
             TensorData::U8($v) => TensorData::U8($body),
@@ -152,7 +155,7 @@ macro_rules! map_tensor_data {
             TensorData::Bf16($v) => TensorData::Bf16($body),
             TensorData::F32($v) => TensorData::F32($body),
             TensorData::F64($v) => TensorData::F64($body),
-            TensorData::Bytes($v) => TensorData::Bytes($body),
+            TensorData::Bytes($s) => TensorData::Bytes($bytes),
         }
     };
 }
@@ -188,12 +191,11 @@ impl TensorData {
         self.len() == 0
     }
 
-    /// Bytes the elements hold in memory: a `BYTES` element costs its
-    /// length plus its own `Vec` (24 bytes), so a body of many short strings
-    /// takes several times its size once decoded.
+    /// Bytes the elements hold in memory (a `BYTES` element: its length
+    /// and the word that says where it ends).
     pub fn heap_bytes(&self) -> usize {
         match self {
-            TensorData::Bytes(v) => v.iter().map(|s| s.len() + std::mem::size_of::<Vec<u8>>()).sum(),
+            TensorData::Bytes(v) => v.heap_bytes(),
             other => other.len() * other.dtype().size_of().unwrap_or(1),
         }
     }
@@ -214,7 +216,7 @@ impl TensorData {
             DataType::Bf16 => TensorData::Bf16(Vec::with_capacity(cap)),
             DataType::F32 => TensorData::F32(Vec::with_capacity(cap)),
             DataType::F64 => TensorData::F64(Vec::with_capacity(cap)),
-            DataType::Bytes => TensorData::Bytes(Vec::with_capacity(cap)),
+            DataType::Bytes => TensorData::Bytes(Strings::with_capacity(cap)),
         }
     }
 
@@ -234,7 +236,7 @@ impl TensorData {
 
     /// A copy of the elements in `range`.
     pub fn slice(&self, range: std::ops::Range<usize>) -> TensorData {
-        map_tensor_data!(self, v => v[range].to_vec())
+        map_tensor_data!(self, v => v[range].to_vec(), s => s.slice(range))
     }
 }
 
@@ -359,6 +361,7 @@ impl Signature {
 // After the macros above, which they use.
 mod axis;
 mod pad;
+mod strings;
 
 #[cfg(test)]
 mod tests {
@@ -381,6 +384,25 @@ mod tests {
         assert_eq!(c.shape, vec![3, 3]);
         assert_eq!(c.slice_rows(0..2), a);
         assert_eq!(c.slice_rows(2..3), b);
+    }
+
+    #[test]
+    fn bytes_tensors_concat_slice_pad_and_crop_element_by_element() {
+        let s = |shape: Vec<usize>, v: &[&str]| {
+            Tensor::new("s", shape, TensorData::Bytes(v.iter().map(|e| e.as_bytes()).collect())).unwrap()
+        };
+        let a = s(vec![1, 2], &["ab", ""]);
+        let b = s(vec![2, 1], &["c", "def"]);
+        let c = Tensor::concat_rows(&[&a, &s(vec![1, 2], &["", "g"])]);
+        assert_eq!(c, s(vec![2, 2], &["ab", "", "", "g"]));
+        assert_eq!(c.slice_rows(1..2), s(vec![1, 2], &["", "g"]));
+        let pad = TensorData::Bytes(["-"].into_iter().collect());
+        let padded = Tensor::concat_padded(&[&a, &b], &[2], &pad);
+        assert_eq!(padded, s(vec![3, 2], &["ab", "", "c", "-", "def", "-"]));
+        assert_eq!(padded.crop(1..3, &[1]), b);
+        let axis1 = Tensor::concat_axis(&[&a, &s(vec![1, 1], &["z"])], 1);
+        assert_eq!(axis1, s(vec![1, 3], &["ab", "", "z"]));
+        assert_eq!(axis1.slice_axis(1, 2..3), s(vec![1, 1], &["z"]));
     }
 
     #[test]

@@ -203,7 +203,7 @@ fn typed(data: &TensorData) -> Option<InferTensorContents> {
         TensorData::I64(v) => c.int64_contents = v,
         TensorData::F32(v) => c.fp32_contents = v,
         TensorData::F64(v) => c.fp64_contents = v,
-        TensorData::Bytes(v) => c.bytes_contents = v,
+        TensorData::Bytes(v) => c.bytes_contents = v.iter().map(<[u8]>::to_vec).collect(),
         TensorData::F16(_) | TensorData::Bf16(_) => return None,
     }
     Some(c)

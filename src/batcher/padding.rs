@@ -329,11 +329,12 @@ fn pad_value(dtype: DataType, v: &Value) -> Result<TensorData, String> {
         DataType::Bf16 => TensorData::Bf16(vec![half::bf16::from_f64(float(f64::from(f32::MAX))?)]),
         DataType::F32 => TensorData::F32(vec![float(f64::from(f32::MAX))? as f32]),
         DataType::F64 => TensorData::F64(vec![float(f64::MAX)?]),
-        DataType::Bytes => TensorData::Bytes(vec![v
-            .as_str()
-            .ok_or_else(|| "which does not fit BYTES (a string)".to_string())?
-            .as_bytes()
-            .to_vec()]),
+        DataType::Bytes => TensorData::Bytes(
+            [v.as_str()
+                .ok_or_else(|| "which does not fit BYTES (a string)".to_string())?]
+            .into_iter()
+            .collect(),
+        ),
     })
 }
 

@@ -264,7 +264,7 @@ fn zeros(dtype: DataType, n: usize) -> TensorData {
         DataType::Bf16 => TensorData::Bf16(vec![half::bf16::ZERO; n]),
         DataType::F32 => TensorData::F32(vec![0.0; n]),
         DataType::F64 => TensorData::F64(vec![0.0; n]),
-        DataType::Bytes => TensorData::Bytes(vec![Vec::new(); n]),
+        DataType::Bytes => TensorData::Bytes(crate::tensor::Strings::empties(n)),
     }
 }
 

@@ -9,7 +9,7 @@
 use std::mem::size_of;
 
 use crate::error::Error;
-use crate::tensor::{DataType, TensorData};
+use crate::tensor::{DataType, Strings, TensorData};
 
 /// Elements in a tensor of `shape`, or an error naming `what` when the
 /// product overflows.
@@ -74,8 +74,8 @@ fn from_le<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
 }
 
 /// BYTES: `count` elements, each a 4-byte little-endian length and that many bytes.
-fn decode_bytes(what: &str, shape: &[usize], count: usize, bytes: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
-    let mut out = Vec::with_capacity(count.min(bytes.len() / 4));
+fn decode_bytes(what: &str, shape: &[usize], count: usize, bytes: &[u8]) -> Result<Strings, Error> {
+    let mut out = Strings::with_capacity(count.min(bytes.len() / 4));
     let mut rest = bytes;
     while !rest.is_empty() {
         let i = out.len();
@@ -93,7 +93,7 @@ fn decode_bytes(what: &str, shape: &[usize], count: usize, bytes: &[u8]) -> Resu
             )));
         }
         let (element, tail) = tail.split_at(len);
-        out.push(element.to_vec());
+        out.push(element);
         rest = tail;
     }
     if out.len() != count {
@@ -130,7 +130,7 @@ pub fn encode_into(data: &TensorData, out: &mut Vec<u8>) {
         TensorData::F32(v) => to_le(v, out),
         TensorData::F64(v) => to_le(v, out),
         TensorData::Bytes(v) => {
-            for e in v {
+            for e in v.iter() {
                 let len = u32::try_from(e.len()).expect("a BYTES element over 4 GiB. This is a bug.");
                 out.extend_from_slice(&len.to_le_bytes());
                 out.extend_from_slice(e);
@@ -198,7 +198,7 @@ mod tests {
                 b"a".to_vec(),
                 "h\u{e9}llo".as_bytes().to_vec(),
                 vec![0, 255],
-            ]),
+            ].into()),
         ];
         for data in cases {
             let raw = encode(&data);
@@ -216,7 +216,7 @@ mod tests {
         );
         assert_eq!(encode(&TensorData::F32(vec![1.0])), 1.0f32.to_le_bytes());
         assert_eq!(
-            encode(&TensorData::Bytes(vec![b"ab".to_vec()])),
+            encode(&TensorData::Bytes(vec![b"ab".to_vec()].into())),
             [2, 0, 0, 0, b'a', b'b']
         );
     }
@@ -272,7 +272,7 @@ mod tests {
         );
         assert_eq!(
             decode("x", DataType::Bytes, &[0], &[]).unwrap(),
-            TensorData::Bytes(vec![])
+            TensorData::Bytes(vec![].into())
         );
     }
 }

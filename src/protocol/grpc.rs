@@ -129,7 +129,7 @@ fn typed(what: &str, dtype: DataType, c: InferTensorContents) -> Result<TensorDa
         DataType::I64 => TensorData::I64(c.int64_contents),
         DataType::F32 => TensorData::F32(c.fp32_contents),
         DataType::F64 => TensorData::F64(c.fp64_contents),
-        DataType::Bytes => TensorData::Bytes(c.bytes_contents),
+        DataType::Bytes => TensorData::Bytes(c.bytes_contents.into()),
         DataType::F16 | DataType::Bf16 => {
             return Err(Error::invalid(format!(
                 "{what}: {dtype} has no typed `contents` field; send it in raw_input_contents"
@@ -296,7 +296,7 @@ mod tests {
             id: Some("9".into()),
             outputs: vec![
                 Tensor::new("y", vec![1, 2], TensorData::I32(vec![1, -1])).unwrap(),
-                Tensor::new("s", vec![1], TensorData::Bytes(vec![b"ok".to_vec()])).unwrap(),
+                Tensor::new("s", vec![1], TensorData::Bytes(vec![b"ok".to_vec()].into())).unwrap(),
             ],
             batch_id: "b".into(),
         };

@@ -347,7 +347,7 @@ mod tests {
             TensorData::U64(vec![0, u64::MAX]),
             TensorData::U8(vec![0, 255]),
             TensorData::Bool(vec![true, false]),
-            TensorData::Bytes(vec![b"a\"\n".to_vec(), vec![0xff, 0xfe], "é".as_bytes().to_vec()]),
+            TensorData::Bytes(vec![b"a\"\n".to_vec(), vec![0xff, 0xfe], "é".as_bytes().to_vec()].into()),
         ];
         for d in &others {
             assert_eq!(text(d), via_values(d), "{:?}", d.dtype());

@@ -14,26 +14,30 @@
 use super::json_number::{self, Decimal};
 use super::DataType;
 use crate::error::Error;
-use crate::tensor::TensorData;
+use crate::tensor::{Strings, TensorData};
 
 /// Parses `raw` (the JSON text of a `data` field) as `count` elements of
 /// `dtype`; `what` names the tensor in errors (e.g. "input `x`"). Float types
 /// take any number and refuse values their type cannot hold; int types take
 /// integral numbers in range (1.5 is refused, 2.0 is 2); BOOL takes
 /// `true`/`false`; BYTES takes strings (their UTF-8 bytes).
-pub(crate) fn decode(
+pub(crate) fn decode<'a>(
     what: &str,
     dtype: DataType,
-    raw: &str,
+    raw: &'a str,
     count: usize,
     shape: &[i64],
 ) -> Result<TensorData, Error> {
     let mut n = 0usize;
     // `$parse(index, rest)` reads the leaf at the front of `rest` and gives
     // (element, bytes read).
+    // BYTES collect into one buffer ([`Strings`]), the rest into a `Vec`.
     macro_rules! collect {
-        ($variant:ident, $parse:expr) => {{
-            let mut out = Vec::with_capacity(capacity(count, raw));
+        ($variant:ident, $parse:expr) => {
+            collect!($variant in Vec, $parse)
+        };
+        ($variant:ident in $out:ident, $parse:expr) => {{
+            let mut out = $out::with_capacity(capacity(count, raw));
             each_leaf(what, raw, |rest| {
                 let (x, len) = $parse(n, rest)?;
                 if n < count {
@@ -48,7 +52,7 @@ pub(crate) fn decode(
     // Leaves parsed from their whole token.
     macro_rules! token {
         ($parse:expr) => {
-            |i, rest: &str| -> Result<_, Error> {
+            |i, rest: &'a str| -> Result<_, Error> {
                 let tok = &rest[..token_len(rest)];
                 Ok(($parse(i, tok)?, tok.len()))
             }
@@ -75,7 +79,7 @@ pub(crate) fn decode(
         ),
         DataType::F32 => collect!(F32, |i, t| e.fast(i, t, Decimal::to_f32)),
         DataType::F64 => collect!(F64, |i, t| e.fast(i, t, Decimal::to_f64)),
-        DataType::Bytes => collect!(Bytes, token!(|i, t| e.bytes(i, t))),
+        DataType::Bytes => collect!(Bytes in Strings, token!(|i, t| e.bytes(i, t))),
     };
     if n != count {
         return Err(Error::invalid(format!(
@@ -98,7 +102,11 @@ fn capacity(count: usize, raw: &str) -> usize {
 /// returns the length of the leaf's token. `raw` is valid JSON (serde_json
 /// checked it); an object anywhere, or a top level that is not an array, is
 /// an error.
-fn each_leaf(what: &str, raw: &str, mut leaf: impl FnMut(&str) -> Result<usize, Error>) -> Result<(), Error> {
+fn each_leaf<'a>(
+    what: &str,
+    raw: &'a str,
+    mut leaf: impl FnMut(&'a str) -> Result<usize, Error>,
+) -> Result<(), Error> {
     let b = raw.as_bytes();
     let start = b.iter().position(|c| !c.is_ascii_whitespace()).unwrap_or(b.len());
     if b.get(start) != Some(&b'[') {
@@ -273,12 +281,17 @@ impl Elements<'_> {
         n.try_into().map_err(|_| self.out_of_range(i, tok))
     }
 
-    fn bytes(&self, i: usize, tok: &str) -> Result<Vec<u8>, Error> {
+    /// A string's bytes: as they stand between the quotes when it has no
+    /// escape (serde_json has validated the text), else unescaped.
+    fn bytes<'t>(&self, i: usize, tok: &'t str) -> Result<std::borrow::Cow<'t, [u8]>, Error> {
         if !tok.starts_with('"') {
             return Err(self.bad(i, tok, "a string"));
         }
+        if tok.len() >= 2 && !tok.contains('\\') {
+            return Ok(tok.as_bytes()[1..tok.len() - 1].into());
+        }
         serde_json::from_str::<String>(tok)
-            .map(String::into_bytes)
+            .map(|s| s.into_bytes().into())
             .map_err(|e| Error::invalid(format!("{}: element {i} is invalid JSON: {e}", self.what)))
     }
 }
@@ -340,7 +353,7 @@ mod tests {
     fn strings_with_escapes_brackets_and_commas_are_one_element_each() {
         let got = dec(DataType::Bytes, r#"["a,]b", "q\"[", "\u00e9", ""]"#, 4).unwrap();
         let want = ["a,]b", "q\"[", "é", ""].map(|s| s.as_bytes().to_vec()).to_vec();
-        assert_eq!(got, TensorData::Bytes(want));
+        assert_eq!(got, TensorData::Bytes(want.into()));
     }
 
     #[test]

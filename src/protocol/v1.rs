@@ -252,7 +252,7 @@ mod tests {
     #[test]
     fn single_rank1_input_takes_scalars() {
         let req = decode(json!({"instances": ["a", "bc"]}), &single(DataType::Bytes, &[-1])).unwrap();
-        let want = tensor("x", &[2], TensorData::Bytes(vec![b"a".to_vec(), b"bc".to_vec()]));
+        let want = tensor("x", &[2], TensorData::Bytes(vec![b"a".to_vec(), b"bc".to_vec()].into()));
         assert_eq!(req.inputs, vec![want]);
         assert_eq!(req.rows(), 2);
     }
@@ -375,7 +375,7 @@ mod tests {
             tensor(
                 "label",
                 &[2],
-                TensorData::Bytes(vec![b"cat".to_vec(), b"dog".to_vec()]),
+                TensorData::Bytes(vec![b"cat".to_vec(), b"dog".to_vec()].into()),
             ),
             tensor("p", &[2, 2], TensorData::F64(vec![0.9, 0.1, 0.2, 0.8])),
         ]);

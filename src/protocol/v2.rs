@@ -368,7 +368,7 @@ mod tests {
                 Tensor::new(
                     "label",
                     vec![2],
-                    TensorData::Bytes(vec![b"cat".to_vec(), b"dog".to_vec()]),
+                    TensorData::Bytes(vec![b"cat".to_vec(), b"dog".to_vec()].into()),
                 )
                 .unwrap(),
             ],

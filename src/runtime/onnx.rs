@@ -456,7 +456,7 @@ fn to_value(t: &Tensor) -> Result<SessionInputValue<'_>, RuntimeError> {
                 .iter()
                 .enumerate()
                 .map(|(i, b)| {
-                    String::from_utf8(b.clone()).map_err(|_| {
+                    std::str::from_utf8(b).map(str::to_owned).map_err(|_| {
                         RuntimeError::InvalidInput(format!(
                             "input `{}`: element {i} is not valid UTF-8 (ONNX strings must be UTF-8)",
                             t.name

@@ -3,13 +3,17 @@
 //! different lengths into one tensor filled with the pad value, and each
 //! request's outputs are cut back out of the batch's. Pure data, no I/O.
 
-use super::{Tensor, TensorData};
+use super::{Strings, Tensor, TensorData};
 
 impl TensorData {
     /// `n` copies of the first element of `one` (a pad value).
     pub fn repeat(one: &TensorData, n: usize) -> TensorData {
         // `v[..1]` panics on an empty pad value: a bug, padding checks it at load.
-        map_tensor_data!(one, v => v[..1].iter().cycle().take(n).cloned().collect())
+        map_tensor_data!(
+            one,
+            v => v[..1].iter().cycle().take(n).cloned().collect(),
+            s => std::iter::repeat_n(&s[0], n).collect()
+        )
     }
 }
 
@@ -53,6 +57,10 @@ impl Tensor {
             let mut out = Vec::with_capacity(n);
             lines(&shape, &self.shape, rows.start, |src_at, len| out.extend_from_slice(&v[src_at..src_at + len]));
             out
+        }, s => {
+            let mut out = Strings::with_capacity(n);
+            lines(&shape, &self.shape, rows.start, |src_at, len| out.extend_range(s, src_at..src_at + len));
+            out
         });
         Tensor {
             name: self.name.clone(),
@@ -81,7 +89,15 @@ fn place(dst: &mut TensorData, src: &TensorData, src_shape: &[usize], dst_shape:
             }
         };
     }
-    pairs!(Bool, U8, U16, U32, U64, I8, I16, I32, I64, F16, Bf16, F32, F64, Bytes)
+    if let (TensorData::Bytes(a), TensorData::Bytes(b)) = (&mut *dst, src) {
+        // Strings cannot be overwritten in place: rebuild them as owned
+        // elements (padded string inputs are rare and small).
+        let mut owned: Vec<&[u8]> = a.iter().collect();
+        typed(&mut owned, &b.iter().collect::<Vec<_>>(), src_shape, dst_shape, row);
+        *a = owned.into_iter().collect();
+        return;
+    }
+    pairs!(Bool, U8, U16, U32, U64, I8, I16, I32, I64, F16, Bf16, F32, F64)
 }
 
 /// Walks the innermost lines of a block of shape `block` (rank ≥ 1) that sits

@@ -54,7 +54,7 @@ fn binary_and_json_inputs_decode_in_order() {
             Tensor::new(
                 "s",
                 vec![2, 1],
-                TensorData::Bytes(vec![b"a".to_vec(), b"bc".to_vec()])
+                TensorData::Bytes(vec![b"a".to_vec(), b"bc".to_vec()].into())
             )
             .unwrap(),
         ]
@@ -191,7 +191,7 @@ fn response() -> InferResponse {
         id: Some("7".into()),
         outputs: vec![
             Tensor::new("a", vec![2], TensorData::F32(vec![1.5, -2.0])).unwrap(),
-            Tensor::new("b", vec![1], TensorData::Bytes(vec![b"hi".to_vec()])).unwrap(),
+            Tensor::new("b", vec![1], TensorData::Bytes(vec![b"hi".to_vec()].into())).unwrap(),
         ],
         batch_id: "b".into(),
     }
