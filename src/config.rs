@@ -17,11 +17,13 @@ use crate::settings::{BatchPolicyKind, ExecutionProvider, ModelDefaults};
 
 mod network;
 mod repository;
+mod residency;
 mod telemetry;
 mod tls;
 
 pub use network::{AuthConfig, GrpcConfig, HttpConfig, HttpLimits};
 pub use repository::{ControlMode, RepositoryConfig, WatchMode};
+pub use residency::{Residency, ResidencyConfig, ResidencyMode};
 pub use telemetry::{TracingConfig, TracingExport};
 pub use tls::{TlsConfig, TlsFiles};
 
@@ -35,6 +37,7 @@ pub struct Config {
     pub http: HttpConfig,
     pub grpc: GrpcConfig,
     pub model_repository: RepositoryConfig,
+    pub residency: ResidencyConfig,
     pub runtime: RuntimeConfig,
     pub model_defaults: ModelDefaultsConfig,
     pub pool: PoolConfig,
@@ -303,6 +306,7 @@ impl Config {
             ));
         }
         self.model_repository.validate(&mut errs);
+        self.residency.validate(&mut errs);
         // A request larger than 4 GiB is no request an inference client
         // sends, and its decoded tensors would be several times that.
         if !(1024..=MAX_MESSAGE_BYTES).contains(&self.http.max_body_bytes) {

@@ -109,7 +109,8 @@ impl Server {
             config.model_defaults(),
             runtime,
             pool.clone(),
-        );
+        )
+        .with_residency(config.residency.policy());
         // Watcher → repository task: "something changed, rescan".
         let (rescan_tx, rescan_rx) = tokio::sync::mpsc::unbounded_channel();
         let watcher = repository::watcher::watch(

@@ -27,6 +27,11 @@ pub const DROPPED: &str = "sluice_requests_dropped_total";
 pub const REPOSITORY_WATCHING: &str = "sluice_repository_watching";
 pub const MODEL_MEMORY: &str = "sluice_model_memory_bytes";
 pub const PADDING_RATIO: &str = "sluice_batch_padding_ratio";
+pub const MODEL_LOADS: &str = "sluice_model_loads_total";
+pub const MODEL_EVICTIONS: &str = "sluice_model_evictions_total";
+pub const COLD_START: &str = "sluice_model_cold_start_seconds";
+pub const RESIDENCY_BUDGET: &str = "sluice_residency_budget_bytes";
+pub const RESIDENCY_USED: &str = "sluice_residency_used_bytes";
 pub const TLS_RELOADS: &str = "sluice_tls_reloads_total";
 pub const TLS_EXPIRATION: &str = "sluice_tls_certificate_expiration_timestamp_seconds";
 
@@ -166,6 +171,31 @@ fn describe() {
         DROPPED,
         Unit::Count,
         "Requests removed from the queue without running, by reason."
+    );
+    describe_counter!(
+        MODEL_LOADS,
+        Unit::Count,
+        "Model versions loaded, by reason (`start`, `on_demand`: a request found it not resident, `reload`: its folder changed or appeared, `api`)."
+    );
+    describe_counter!(
+        MODEL_EVICTIONS,
+        Unit::Count,
+        "Times the model was unloaded to make room for another under the residency budgets."
+    );
+    describe_histogram!(
+        COLD_START,
+        Unit::Seconds,
+        "How long a request waited for its model to load (the model was not resident)."
+    );
+    describe_gauge!(
+        RESIDENCY_BUDGET,
+        Unit::Bytes,
+        "The residency budget of each device (`cpu`, `cuda:N`); absent where there is none."
+    );
+    describe_gauge!(
+        RESIDENCY_USED,
+        Unit::Bytes,
+        "What the loaded models hold on each device, as charged against its residency budget."
     );
     describe_gauge!(
         REPOSITORY_WATCHING,
@@ -322,6 +352,29 @@ pub fn model_memory(model: &str, device: &str, bytes: u64) {
 /// version, if any, keeps serving) or `unloaded`).
 pub fn model_reload(model: &str, result: &'static str) {
     counter!(MODEL_RELOADS, "model" => model.to_string(), "result" => result).increment(1);
+}
+
+/// A version of `model` loaded (`reason`: `start`, `on_demand`, `reload`, `api`).
+pub fn model_load(model: &str, reason: &'static str) {
+    counter!(MODEL_LOADS, "model" => model.to_string(), "reason" => reason).increment(1);
+}
+
+/// `model` was unloaded to make room for another.
+pub fn model_eviction(model: &str) {
+    counter!(MODEL_EVICTIONS, "model" => model.to_string()).increment(1);
+}
+
+/// A request waited `waited` for `model` to load.
+pub fn cold_start(model: &str, waited: Duration) {
+    histogram!(COLD_START, "model" => model.to_string()).record(waited.as_secs_f64());
+}
+
+/// The residency budget of `device`, and what its loaded models hold.
+pub fn residency(device: &str, budget: Option<u64>, used: u64) {
+    if let Some(b) = budget {
+        gauge!(RESIDENCY_BUDGET, "device" => device.to_string()).set(b as f64);
+    }
+    gauge!(RESIDENCY_USED, "device" => device.to_string()).set(used as f64);
 }
 
 /// A queued request left without running (`reason`: `client_gone`, `expired`).

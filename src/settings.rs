@@ -224,6 +224,9 @@ pub struct ModelSettings {
     pub intra_op_threads: Option<usize>,
     /// Run each power-of-two batch size up to `max_batch_size` once before turning ready.
     pub warmup: bool,
+    /// Loaded at start whatever `residency.mode` says, never evicted, and counted against the
+    /// residency budgets first (`pinned`).
+    pub pinned: bool,
     /// CUDA provider options.
     pub cuda: CudaOptions,
     /// Pad value per input name (`padding`): requests whose padded inputs differ only in
@@ -292,7 +295,7 @@ pub fn validate_model_name(name: &str) -> Result<(), String> {
 
 /// The known fields of each object, space-separated.
 const TOP: &str = "name parameters max_batch_size max_batch_time batch_policy max_queue_size timeout \
-                   instances execution_provider device_ids intra_op_threads warmup cuda batcher \
+                   instances execution_provider device_ids intra_op_threads warmup pinned cuda batcher \
                    padding max_batch_tokens max_padding_ratio batch_axes inputs outputs implementation parallel_workers warm_workers platform versions cache_enabled";
 const PARAMETERS: &str = "uri version content_type format extra";
 const BATCHER: &str = "maxBatchSize maxLatency timeout";
@@ -359,6 +362,7 @@ impl ModelSettings {
                 .map(|n| n as usize),
         };
         let warmup = get(top, "warmup").and_then(|v| w.boolean(v, "warmup"));
+        let pinned = get(top, "pinned").and_then(|v| w.boolean(v, "pinned"));
         let (padding, max_batch_tokens, max_padding_ratio) = w.padding_fields(top);
         let batch_axes = get(top, "batch_axes")
             .map(|v| w.batch_axes(v))
@@ -404,6 +408,7 @@ impl ModelSettings {
             device_ids: device_ids.unwrap_or_else(|| vec![0]),
             intra_op_threads,
             warmup: warmup.unwrap_or(defaults.warmup),
+            pinned: pinned.unwrap_or(false),
             cuda,
             padding,
             batch_axes,
@@ -464,6 +469,7 @@ impl ModelSettings {
         same_sessions.batching = self.batching;
         same_sessions.version.clone_from(&self.version);
         same_sessions.unused.clone_from(&self.unused);
+        same_sessions.pinned = self.pinned;
         same_sessions != *self
     }
 }

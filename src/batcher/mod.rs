@@ -74,6 +74,9 @@ struct Inner {
     metrics: metrics::ModelMetrics,
     /// The sessions run on a GPU: settings take that device's defaults.
     gpu: bool,
+    /// Closed when the batching task has ended and dropped the sessions
+    /// (the task holds the sender).
+    ended: watch::Receiver<()>,
 }
 
 impl Batcher {
@@ -109,7 +112,11 @@ impl Batcher {
             idle: Default::default(),
             finish_wake: Default::default(),
         });
-        tokio::spawn(task::batching_task(shared, rx, settings_rx));
+        let (ended_tx, ended) = watch::channel(());
+        tokio::spawn(async move {
+            task::batching_task(shared, rx, settings_rx).await;
+            drop(ended_tx);
+        });
         model_metrics.queue_size(0);
         Batcher {
             inner: Arc::new(Inner {
@@ -122,6 +129,7 @@ impl Batcher {
                 batching,
                 metrics: model_metrics,
                 gpu,
+                ended,
             }),
         }
     }
@@ -158,6 +166,14 @@ impl Batcher {
     /// valid when both versions have the same signature.
     pub fn handoff_to(&self, successor: Batcher) {
         let _ = self.inner.entries.send(Msg::Handoff(successor));
+    }
+
+    /// Resolves once the batching task has ended and its sessions are
+    /// dropped: after [`Batcher::retire`], when every clone of this batcher
+    /// (every handle of the version) is gone and what was queued has run.
+    pub fn ended(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut ended = self.inner.ended.clone();
+        async move { while ended.changed().await.is_ok() {} }
     }
 
     /// Stops waiting for batches to fill: the model version is unloading or

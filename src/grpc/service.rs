@@ -61,7 +61,11 @@ impl InferenceService {
             // gRPC requests hold together with the HTTP port's.
             let message = prost::Message::encoded_len(&req);
             let held = self.state.budget.reserve(message)?;
-            let model = self.state.registry.ready(&name, non_empty(&req.model_version))?;
+            let model = self
+                .state
+                .registry
+                .serve(&name, non_empty(&req.model_version), arrival)
+                .await?;
             let request = InferRequest::try_from(req)?;
             let _decoded = self.state.budget.reserve_decoded(request.heap_bytes(), message)?;
             let resp = model.infer(request, arrival).await?;
@@ -103,7 +107,7 @@ impl GrpcInferenceService for InferenceService {
     async fn model_ready(&self, req: Request<ModelReadyRequest>) -> Answer<ModelReadyResponse> {
         self.state.allow(&req, Scope::Inference)?;
         let r = req.into_inner();
-        match self.state.registry.ready(&r.name, non_empty(&r.version)) {
+        match self.state.registry.servable(&r.name, non_empty(&r.version)) {
             Ok(_) => Ok(Response::new(ModelReadyResponse { ready: true })),
             Err(e @ (Error::ModelNotFound(_) | Error::NotFound(_))) => Err(status(&e)),
             Err(_) => Ok(Response::new(ModelReadyResponse { ready: false })),
@@ -125,7 +129,8 @@ impl GrpcInferenceService for InferenceService {
         ok(self
             .state
             .registry
-            .ready(&r.name, non_empty(&r.version))
+            .serve(&r.name, non_empty(&r.version), Instant::now())
+            .await
             .map(|m| ModelMetadata::new(&m.name, m.version(), &m.signature).into()))
     }
 
@@ -211,7 +216,8 @@ impl GrpcInferenceService for InferenceService {
         ok(self
             .state
             .registry
-            .ready(&r.name, non_empty(&r.version))
+            .serve(&r.name, non_empty(&r.version), Instant::now())
+            .await
             .map(|m| ModelConfigResponse {
                 config: Some((&m.config()).into()),
             }))
@@ -251,6 +257,7 @@ impl GrpcInferenceService for InferenceService {
             .map(|e| ModelIndex {
                 reason: match &e.state {
                     ModelState::Unavailable { reason } => reason.clone(),
+                    ModelState::OnDisk => crate::model::state::ON_DISK.to_string(),
                     _ => String::new(),
                 },
                 state: e.state.as_str().to_string(),

@@ -65,7 +65,7 @@ pub async fn predict(
         admission.check()?;
         let bytes = body_bytes(body, state.max_body_bytes)?;
         let body_len = bytes.len();
-        let model = state.registry.ready(name, None)?;
+        let model = state.registry.serve(name, None, arrival).await?;
         let m = model.clone();
         let req = super::decode_body(bytes, move |b| {
             let value: Value = parse_json(&b)?;

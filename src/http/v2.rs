@@ -61,7 +61,7 @@ pub async fn model_metadata(
     State(state): State<AppState>,
     ApiPath(p): ApiPath<ModelPath>,
 ) -> Result<Json<ModelMetadata>, ApiError> {
-    let model = state.registry.ready(&p.name, p.version.as_deref())?;
+    let model = state.registry.serve(&p.name, p.version.as_deref(), Instant::now()).await?;
     Ok(Json(ModelMetadata::new(
         &model.name,
         model.version(),
@@ -74,7 +74,7 @@ pub async fn model_ready(
     State(state): State<AppState>,
     ApiPath(p): ApiPath<ModelPath>,
 ) -> Result<StatusCode, ApiError> {
-    match state.registry.ready(&p.name, p.version.as_deref()) {
+    match state.registry.servable(&p.name, p.version.as_deref()) {
         Ok(_) => Ok(StatusCode::OK),
         Err(e) if super::status_of(e.kind()) == StatusCode::NOT_FOUND => Err(e.into()),
         Err(_) => Ok(StatusCode::SERVICE_UNAVAILABLE),
@@ -127,7 +127,7 @@ async fn answer_infer(
         admission.check()?;
         let bytes = body?;
         let body_len = bytes.len();
-        let model = state.registry.ready(&p.name, p.version.as_deref())?;
+        let model = state.registry.serve(&p.name, p.version.as_deref(), arrival).await?;
         let header_length = headers.get(HEADER_LENGTH).map(|v| v.as_bytes().to_vec());
         // The body is freed once decoded (the tensors own their data).
         let decoded = super::decode_body(bytes, move |b| {
@@ -179,7 +179,7 @@ pub async fn model_config(
     State(state): State<AppState>,
     ApiPath(p): ApiPath<ModelPath>,
 ) -> Result<Json<ModelConfig>, ApiError> {
-    let model = state.registry.ready(&p.name, p.version.as_deref())?;
+    let model = state.registry.serve(&p.name, p.version.as_deref(), Instant::now()).await?;
     Ok(Json(model.config()))
 }
 
@@ -240,6 +240,7 @@ pub async fn repository_index(State(state): State<AppState>) -> Json<Vec<IndexEn
             .map(|e| IndexEntry {
                 reason: match &e.state {
                     crate::model::state::ModelState::Unavailable { reason } => Some(reason.clone()),
+                    crate::model::state::ModelState::OnDisk => e.state.reason().map(str::to_string),
                     _ => e.note.clone(),
                 },
                 state: e.state.as_str(),

@@ -5,6 +5,8 @@ pub mod config;
 pub mod state;
 pub mod warmup;
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::batcher::Batcher;
@@ -27,6 +29,61 @@ pub struct ModelHandle {
     /// Why the model rejected its warm-up, when it did: it serves cold.
     pub warmup_rejected: Option<String>,
     batcher: Batcher,
+    activity: Arc<Activity>,
+}
+
+/// When a version loaded, when a request last used it, and how many
+/// requests are inside it now: what residency decides evictions by. Shared
+/// by the copies a batching-only change makes of a handle.
+#[derive(Debug)]
+pub struct Activity {
+    loaded_at: Instant,
+    /// Nanoseconds from `loaded_at` to the last request's start or end.
+    last_ns: AtomicU64,
+    inflight: AtomicUsize,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            loaded_at: Instant::now(),
+            last_ns: AtomicU64::new(0),
+            inflight: AtomicUsize::new(0),
+        }
+    }
+
+    /// The last request's start or end, or the load when no request came yet.
+    pub fn last_active(&self) -> Instant {
+        self.loaded_at + std::time::Duration::from_nanos(self.last_ns.load(Ordering::Relaxed))
+    }
+
+    /// A request is inside the model (validating, queued or running).
+    pub fn busy(&self) -> bool {
+        self.inflight.load(Ordering::Acquire) > 0
+    }
+
+    fn touch(&self) {
+        let ns = u64::try_from(self.loaded_at.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last_ns.fetch_max(ns, Ordering::Relaxed);
+    }
+}
+
+/// A request inside the model, from [`ModelHandle::infer`]'s start to its end.
+struct Inside<'a>(&'a Activity);
+
+impl<'a> Inside<'a> {
+    fn enter(a: &'a Activity) -> Inside<'a> {
+        a.inflight.fetch_add(1, Ordering::AcqRel);
+        a.touch();
+        Inside(a)
+    }
+}
+
+impl Drop for Inside<'_> {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// What one version of a model holds in memory: reported in the repository
@@ -71,6 +128,7 @@ impl ModelHandle {
             memory,
             warmup_rejected: None,
             batcher,
+            activity: Arc::new(Activity::new()),
         }
     }
 
@@ -85,7 +143,13 @@ impl ModelHandle {
             memory: self.memory.clone(),
             warmup_rejected: self.warmup_rejected.clone(),
             batcher: self.batcher.clone(),
+            activity: self.activity.clone(),
         }
+    }
+
+    /// When it loaded, when it was last used, whether a request is inside.
+    pub fn activity(&self) -> &Activity {
+        &self.activity
     }
 
     /// The model's batcher (to apply new batch settings in place).
@@ -111,6 +175,7 @@ impl ModelHandle {
     /// comes here, so requests from all of them share batches; the outcome
     /// is counted in the model's statistics.
     pub async fn infer(&self, req: InferRequest, arrival: Instant) -> Result<InferResponse> {
+        let _inside = Inside::enter(&self.activity);
         let result = self.run(req, arrival).await;
         self.batcher
             .stats()

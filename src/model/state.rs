@@ -13,7 +13,13 @@ pub enum ModelState {
     Unavailable { reason: String },
     /// Draining before unload: accepted requests finish, new ones are refused.
     Unloading,
+    /// Not loaded, to leave memory to others (`[residency]`): its next
+    /// request loads it. Triton's index calls it `UNAVAILABLE`.
+    OnDisk,
 }
+
+/// The `reason` of a model that is not resident.
+pub const ON_DISK: &str = "not resident (residency): its next request loads it";
 
 impl ModelState {
     /// The repository-index name (`READY`, `LOADING`, ...), as Triton spells it.
@@ -21,7 +27,7 @@ impl ModelState {
         match self {
             ModelState::Loading => "LOADING",
             ModelState::Ready => "READY",
-            ModelState::Unavailable { .. } => "UNAVAILABLE",
+            ModelState::Unavailable { .. } | ModelState::OnDisk => "UNAVAILABLE",
             ModelState::Unloading => "UNLOADING",
         }
     }
@@ -33,6 +39,7 @@ impl ModelState {
             ModelState::Loading => Some("loading"),
             ModelState::Unavailable { reason } => Some(reason),
             ModelState::Unloading => Some("unloading"),
+            ModelState::OnDisk => Some(ON_DISK),
         }
     }
 }

@@ -47,6 +47,7 @@ impl Repository {
             .find(|t| t.name == name)
             .ok_or_else(|| Error::ModelNotFound(crate::error::clip(name).into_owned()))?;
         t.pinned_unloaded = true;
+        t.cold = None;
         if let Some((h, _)) = t.serving.take() {
             h.batcher().retire();
             super::forget_device_memory(&t.name, &h);

@@ -15,7 +15,8 @@ use crate::settings::ModelSettings;
 /// in-place write or a replace-by-rename with new bytes is.
 #[derive(Debug, Clone)]
 pub struct FileStamp {
-    len: u64,
+    /// Size in bytes.
+    pub len: u64,
     digest: u64,
     modified: Option<SystemTime>,
     inode: u64,

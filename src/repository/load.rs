@@ -93,6 +93,7 @@ pub async fn build(
         } else {
             Vec::new()
         };
+        crate::runtime::release_free_memory();
         let resident = crate::runtime::resident_bytes();
         rt.load(&n, &p, &s).map(|l| (l, before, resident))
     })

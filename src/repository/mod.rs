@@ -16,6 +16,8 @@ pub mod diff;
 pub mod files;
 mod load;
 pub mod registry;
+pub mod residency;
+mod resident;
 pub mod scan;
 pub mod warm;
 pub mod watcher;
@@ -54,6 +56,12 @@ enum Command {
     Unload {
         name: String,
         reply: oneshot::Sender<Result<(), Error>>,
+    },
+    /// A request found the model not resident: load it (evicting others if
+    /// the budgets need it) and answer with it.
+    Demand {
+        name: String,
+        reply: oneshot::Sender<Result<Arc<ModelHandle>, Error>>,
     },
 }
 
@@ -118,6 +126,12 @@ struct Tracked {
     /// Why the last change was refused, until one succeeds (what an API
     /// load of it answers).
     refused: Option<LoadError>,
+    /// Not loaded to leave memory to others, or loading because a request
+    /// found it so (`[residency]`): requests wait for it to load.
+    cold: Option<Arc<registry::Cold>>,
+    /// What its last load of this file held, per device: its charge
+    /// against the residency budgets before its next load.
+    known: Option<(FileStamp, residency::Charge)>,
 }
 
 /// The repository task's state.
@@ -131,6 +145,36 @@ pub struct Repository {
     registry: Arc<Registry>,
     /// By folder name.
     tracked: BTreeMap<String, Tracked>,
+    /// `[residency]`: which models load at start, and the budgets.
+    residency: crate::config::Residency,
+    /// Each GPU's default budget, read from the device when first needed.
+    device_totals: Option<Vec<u64>>,
+    /// Why the load running now was asked for (`sluice_model_loads_total`'s `reason`).
+    reason: LoadReason,
+}
+
+/// Why a model loads (`sluice_model_loads_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LoadReason {
+    /// The start-up scan.
+    Start,
+    /// A request found it not resident.
+    OnDemand,
+    /// Its folder changed, or a new folder appeared.
+    Reload,
+    /// The repository API.
+    Api,
+}
+
+impl LoadReason {
+    fn as_str(self) -> &'static str {
+        match self {
+            LoadReason::Start => "start",
+            LoadReason::OnDemand => "on_demand",
+            LoadReason::Reload => "reload",
+            LoadReason::Api => "api",
+        }
+    }
 }
 
 impl Repository {
@@ -149,7 +193,16 @@ impl Repository {
             pool,
             registry: Arc::new(Registry::new()),
             tracked: BTreeMap::new(),
+            residency: crate::config::Residency::default(),
+            device_totals: None,
+            reason: LoadReason::Start,
         }
+    }
+
+    /// Which models stay loaded when they do not all fit (`[residency]`).
+    pub fn with_residency(mut self, residency: crate::config::Residency) -> Repository {
+        self.residency = residency;
+        self
     }
 
     /// Starts the repository task: it loads every model folder, then sends
@@ -160,6 +213,7 @@ impl Repository {
         mut rescan: mpsc::UnboundedReceiver<()>,
     ) -> (RepositoryHandle, oneshot::Receiver<Result<(), String>>) {
         let (commands, mut rx) = mpsc::unbounded_channel();
+        self.registry.take_demands(&commands);
         let handle = RepositoryHandle {
             commands: commands.clone(),
             registry: self.registry.clone(),
@@ -175,9 +229,11 @@ impl Repository {
         });
         let mut repo = self;
         tokio::spawn(async move {
+            repo.publish_budgets();
             let first = supervised("the start-up scan", repo.rescan())
                 .await
                 .unwrap_or_else(|e| Err(e.to_string()));
+            repo.reason = LoadReason::Reload;
             let _ = loaded_tx.send(first);
             while let Some(cmd) = rx.recv().await {
                 repo.run(cmd).await;
@@ -199,7 +255,16 @@ impl Repository {
             }
             Command::Load { name, reply } => {
                 let what = format!("loading `{name}`");
+                self.reason = LoadReason::Api;
                 let r = supervised(&what, self.api_load(&name)).await;
+                self.reason = LoadReason::Reload;
+                let _ = reply.send(r.and_then(|r| r));
+            }
+            Command::Demand { name, reply } => {
+                let what = format!("loading `{name}` for a request");
+                self.reason = LoadReason::OnDemand;
+                let r = supervised(&what, self.demand(&name)).await;
+                self.reason = LoadReason::Reload;
                 let _ = reply.send(r.and_then(|r| r));
             }
             Command::Unload { name, reply } => {
@@ -225,6 +290,9 @@ impl Repository {
         for folder in gone {
             self.remove(&folder);
         }
+        // Pinned models first: they are counted against the budgets first.
+        let mut dirs = dirs;
+        dirs.sort_by_key(|(md, _)| !md.settings.as_ref().is_ok_and(|s| s.pinned));
         for (md, now) in dirs {
             self.apply(md, now, false).await;
         }
@@ -324,7 +392,18 @@ impl Repository {
         let change = classify(&before, &now, serving);
         let changed = before != now;
         t.seen = now;
+        let resting = t.serving.is_none() && t.cold.is_some();
         match change {
+            // Not resident: the change applies at its next load.
+            Change::Reload(settings) if resting && !force => {
+                t.refused = None;
+                if self.loads_now(&md.folder, &settings) {
+                    self.publish(&name, &md.dir, ModelState::Loading, None, None);
+                    self.reload(&md, settings).await;
+                } else {
+                    self.rest(&md.folder, &settings);
+                }
+            }
             // The folder changed back to exactly what serves (a refused edit
             // was undone): the note about the refused change no longer holds.
             Change::None if changed => {
@@ -367,10 +446,13 @@ impl Repository {
                 serving: None,
                 pinned_unloaded: false,
                 refused: None,
+                cold: None,
+                known: None,
             },
         );
         match now.settings {
             Err(reason) => self.failed(&md.folder, LoadError::Files(reason)),
+            Ok(settings) if !self.loads_now(&md.folder, &settings) => self.rest(&md.folder, &settings),
             Ok(settings) => {
                 self.publish(&name, &md.dir, ModelState::Loading, None, None);
                 self.reload(&md, settings).await;
@@ -380,17 +462,47 @@ impl Repository {
 
     /// Loads a new version beside the serving one and swaps it in.
     async fn reload(&mut self, md: &ModelDir, settings: crate::settings::ModelSettings) {
+        // The outcome is logged, published and counted where it happens.
+        let _ = self.load_version(md, settings).await;
+    }
+
+    /// [`Repository::reload`], answering with the version that serves now.
+    /// A model with no version serving first gets room under the residency
+    /// budgets; when there is none it stays on disk (503, `Retry-After`).
+    async fn load_version(
+        &mut self,
+        md: &ModelDir,
+        settings: crate::settings::ModelSettings,
+    ) -> Result<Arc<ModelHandle>, Error> {
         let name = md.name().to_string();
         // Stamped at this scan: a file that cannot be read (missing, not a
         // regular file) never reaches the runtime.
         let seen = self.tracked.get(&md.folder).map(|t| t.seen.file.clone());
         let file = match seen.expect("tracked before reload") {
             Ok(file) => file,
-            Err(why) => return self.failed(&md.folder, LoadError::Files(why)),
+            Err(why) => {
+                let error = LoadError::Files(why);
+                let answer = error.to_error(&name);
+                self.failed(&md.folder, error);
+                return Err(answer);
+            }
         };
+        let fresh = self.tracked.get(&md.folder).is_some_and(|t| t.serving.is_none());
+        if fresh {
+            if let Err(short) = self.make_room(&md.folder, &settings).await {
+                let message = short.message(&name);
+                tracing::warn!(model = %name, "not loaded: {message}");
+                self.rest(&md.folder, &settings);
+                return Err(Error::Busy {
+                    message,
+                    retry_after: std::time::Duration::from_secs(1),
+                });
+            }
+        }
         match load::build(&self.runtime, &self.pool, &name, &md.dir, settings).await {
             Ok(handle) => {
                 let handle = Arc::new(handle);
+                self.remember(&md.folder, &handle);
                 let t = self.tracked.get_mut(&md.folder).expect("tracked before reload");
                 t.refused = None;
                 let old = t.serving.replace((handle.clone(), file));
@@ -407,9 +519,21 @@ impl Repository {
                     None => "loaded",
                 };
                 metrics::model_reload(&name, result);
-                self.publish(&name, &md.dir, ModelState::Ready, Some(handle), None);
+                metrics::model_load(&name, self.reason.as_str());
+                self.publish(&name, &md.dir, ModelState::Ready, Some(handle.clone()), None);
+                match self.trim(&md.folder) {
+                    Ok(()) => Ok(handle),
+                    Err(short) => Err(Error::Busy {
+                        message: short.message(&name),
+                        retry_after: std::time::Duration::from_secs(1),
+                    }),
+                }
             }
-            Err(reason) => self.failed(&md.folder, reason),
+            Err(reason) => {
+                let answer = reason.to_error(&name);
+                self.failed(&md.folder, reason);
+                Err(answer)
+            }
         }
     }
 
@@ -422,6 +546,8 @@ impl Repository {
         let shown = error.message().to_string();
         let t = self.tracked.get_mut(folder).expect("tracked before failing");
         t.refused = Some(error);
+        // It loads again when its files change, not on a request.
+        t.cold = None;
         let t = self.tracked.get(folder).expect("tracked before failing");
         let (name, dir) = (t.name.clone(), t.dir.clone());
         metrics::model_reload(&name, "failed");
@@ -472,6 +598,10 @@ impl Repository {
             metrics::model_memory(name, &format!("cuda:{}", d.device), d.bytes);
         }
         let version = handle.as_ref().and_then(|h| h.settings.version.clone());
+        let cold = match handle {
+            Some(_) => None,
+            None => self.tracked.values().find(|t| t.name == name).and_then(|t| t.cold.clone()),
+        };
         self.registry.set(ModelEntry {
             name: name.to_string(),
             dir: dir.to_path_buf(),
@@ -479,6 +609,7 @@ impl Repository {
             state,
             handle,
             note,
+            cold,
         });
     }
 }

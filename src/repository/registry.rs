@@ -5,7 +5,11 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
 
 use crate::error::Error;
 use crate::model::state::ModelState;
@@ -23,6 +27,38 @@ pub struct ModelEntry {
     pub handle: Option<Arc<ModelHandle>>,
     /// Why the last change was refused while this version keeps serving.
     pub note: Option<String>,
+    /// Set while the model is not resident, and while it loads for the
+    /// requests that found it so: they wait for the load.
+    pub cold: Option<Arc<Cold>>,
+}
+
+/// How requests wait for a model that is not resident: within its
+/// `timeout`, and at most `max_queue_size` of them at once.
+#[derive(Debug)]
+pub struct Cold {
+    pub timeout: Duration,
+    pub max_queue_size: usize,
+    /// Requests waiting for the load now.
+    waiting: AtomicUsize,
+}
+
+impl Cold {
+    pub fn new(settings: &crate::settings::BatchSettings) -> Cold {
+        Cold {
+            timeout: settings.timeout,
+            max_queue_size: settings.max_queue_size,
+            waiting: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// A waiting request's place among [`Cold::waiting`], given back on drop.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// What server readiness (`/v2/health/ready`, gRPC `ServerReady`) asks of
@@ -50,6 +86,11 @@ pub struct Registry {
     /// Written by the repository only; read by every handler. A std lock:
     /// critical sections are a map lookup and an `Arc` clone, never an await.
     models: RwLock<BTreeMap<String, ModelEntry>>,
+    /// The repository task's commands, for the loads requests ask for
+    /// (set once when the task starts; the task holds the receiver).
+    /// Weak: the task holds this registry, and stops when the last strong
+    /// sender (the repository handles) is gone.
+    demands: OnceLock<mpsc::WeakUnboundedSender<super::Command>>,
 }
 
 impl Registry {
@@ -91,6 +132,73 @@ impl Registry {
         }
     }
 
+    /// The model's handle, loading it first when it is not resident (see
+    /// [`ModelState::OnDisk`]): the request waits for the load within its
+    /// deadline (`arrival` + the model's `timeout`), counted against its
+    /// `max_queue_size`; concurrent first requests share one load.
+    pub async fn serve(
+        &self,
+        name: &str,
+        version: Option<&str>,
+        arrival: Instant,
+    ) -> Result<Arc<ModelHandle>, Error> {
+        let not_ready = match self.ready(name, version) {
+            Ok(h) => return Ok(h),
+            Err(e) => e,
+        };
+        let cold = self.get(name).and_then(|e| e.cold);
+        let demands = self.demands.get().and_then(|d| d.upgrade());
+        let (Some(cold), Some(demands)) = (cold, demands) else {
+            return Err(not_ready);
+        };
+        let before = cold.waiting.fetch_add(1, Ordering::AcqRel);
+        let _waiting = Waiting(&cold.waiting);
+        if before >= cold.max_queue_size {
+            return Err(Error::Overloaded {
+                model: name.to_string(),
+                max_queue_size: cold.max_queue_size,
+                retry_after: Duration::from_secs(1),
+            });
+        }
+        let (reply, rx) = oneshot::channel();
+        let name_owned = name.to_string();
+        if demands.send(super::Command::Demand { name: name_owned, reply }).is_err() {
+            return Err(Error::ShuttingDown);
+        }
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::from_std(arrival + cold.timeout);
+        let handle = match tokio::time::timeout_at(deadline, rx).await {
+            Err(_) => {
+                return Err(Error::DeadlineExceeded {
+                    model: name.to_string(),
+                    timeout: cold.timeout,
+                })
+            }
+            Ok(Err(_)) => return Err(Error::ShuttingDown),
+            Ok(Ok(answer)) => answer?,
+        };
+        crate::metrics::cold_start(name, started.elapsed());
+        Ok(handle)
+    }
+
+    /// Whether a request for the model would be served: it serves now, or
+    /// it is not resident and its next request loads it (model readiness).
+    pub fn servable(&self, name: &str, version: Option<&str>) -> Result<(), Error> {
+        match self.ready(name, version) {
+            Ok(_) => Ok(()),
+            Err(e @ (Error::ModelNotFound(_) | Error::NotFound(_))) => Err(e),
+            Err(e) => match self.get(name).and_then(|e| e.cold) {
+                Some(_) => Ok(()),
+                None => Err(e),
+            },
+        }
+    }
+
+    /// Where [`Registry::serve`] sends the loads it asks for (the repository task, once).
+    pub(super) fn take_demands(&self, tx: &mpsc::UnboundedSender<super::Command>) {
+        let _ = self.demands.set(tx.downgrade());
+    }
+
     /// `model` when the registry knows it, else [`crate::metrics::UNKNOWN_MODEL`]:
     /// keeps the `model` label of request metrics to a closed set.
     pub fn metric_label<'a>(&self, model: &'a str) -> &'a str {
@@ -114,9 +222,10 @@ impl Registry {
             ReadyRule::Loaded => true,
             ReadyRule::Model(name) => models.get(name).is_some_and(|e| e.state == ModelState::Ready),
             ReadyRule::Strict => models.values().all(|e| match &e.state {
-                ModelState::Ready => true,
+                ModelState::Ready | ModelState::OnDisk => true,
                 ModelState::Unavailable { reason } => reason == UNLOADED_BY_API,
-                ModelState::Loading | ModelState::Unloading => false,
+                // A load that requests asked for does not make the server unready.
+                ModelState::Loading | ModelState::Unloading => e.cold.is_some(),
             }),
         }
     }

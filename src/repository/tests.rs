@@ -4,7 +4,9 @@
 //! that answers `y = 3x`; `fail` does not load; `panic` panics inside the
 //! runtime. Each row of the table is one change to a serving model and what
 //! must follow: which multiplier serves, how many loads ran, the state, and
-//! whether the index notes a refused change.
+//! whether the index notes a refused change. After `k=3`, a file may say
+//! `bytes=N` (the model reports N bytes of weights: its residency charge),
+//! `load_ms=N` (its load takes N ms) and `run_ms=N` (each batch N ms).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,10 +30,11 @@ struct FakeRuntime {
     loads: AtomicUsize,
 }
 
-struct Times(f32);
+struct Times(f32, Duration);
 
 impl Session for Times {
     fn run(&mut self, inputs: &[Tensor], _outputs: &[String]) -> Result<Vec<Tensor>, RuntimeError> {
+        std::thread::sleep(self.1);
         let TensorData::F32(x) = &inputs[0].data else {
             return Err(RuntimeError::InvalidInput("FP32 only".into()));
         };
@@ -48,7 +51,8 @@ impl Runtime for FakeRuntime {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;
-        let k: f32 = match text.trim() {
+        let mut words = text.split_whitespace();
+        let k: f32 = match words.next().unwrap_or_default() {
             "panic" => panic!("the fake runtime was asked to panic"),
             t => t
                 .strip_prefix("k=")
@@ -58,6 +62,13 @@ impl Runtime for FakeRuntime {
                     message: format!("not a fake model: {t:?}"),
                 })?,
         };
+        let option = |key: &str| {
+            text.split_whitespace()
+                .find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        std::thread::sleep(Duration::from_millis(option("load_ms")));
+        let run = Duration::from_millis(option("run_ms"));
         self.loads.fetch_add(1, Ordering::SeqCst);
         let spec = |name: &str| TensorSpec {
             name: name.into(),
@@ -66,7 +77,7 @@ impl Runtime for FakeRuntime {
             dim_names: vec![],
         };
         let sessions = (0..settings.instances)
-            .map(|_| (Device::Cpu, Box::new(Times(k)) as Box<dyn Session>))
+            .map(|_| (Device::Cpu, Box::new(Times(k, run)) as Box<dyn Session>))
             .collect();
         Ok(LoadedModel {
             signature: Signature {
@@ -75,7 +86,7 @@ impl Runtime for FakeRuntime {
             },
             sessions,
             provider_reason: "cpu (fake)".into(),
-            weights_bytes: 0,
+            weights_bytes: option("bytes"),
         })
     }
 }
@@ -276,3 +287,5 @@ async fn a_panic_in_the_task_itself_is_caught_named_and_answered() {
     let r = super::supervised("testing", async { 7 }).await;
     assert_eq!(r.unwrap(), 7);
 }
+
+mod residency;

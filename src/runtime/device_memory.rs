@@ -50,6 +50,17 @@ fn open(name: &str) -> Option<Cudart> {
 /// indexed by device id; empty without a CUDA runtime or device. Blocking
 /// (the first call initialises CUDA): call it where a model loads.
 pub fn used_per_device() -> Vec<u64> {
+    info_per_device().into_iter().map(|(free, total)| total.saturating_sub(free)).collect()
+}
+
+/// Each CUDA device's total memory, indexed by device id; empty without a
+/// CUDA runtime or device. Blocking, as [`used_per_device`].
+pub fn total_per_device() -> Vec<u64> {
+    info_per_device().into_iter().map(|(_, total)| total).collect()
+}
+
+/// (free, total) bytes of every CUDA device.
+fn info_per_device() -> Vec<(u64, u64)> {
     let Some(c) = cudart() else { return Vec::new() };
     let mut n = 0i32;
     // SAFETY: the functions are the CUDA runtime's, called with valid pointers.
@@ -61,8 +72,8 @@ pub fn used_per_device() -> Vec<u64> {
             .map(|id| {
                 let (mut free, mut total) = (0usize, 0usize);
                 match (c.set_device)(id) == 0 && (c.mem_get_info)(&mut free, &mut total) == 0 {
-                    true => total.saturating_sub(free) as u64,
-                    false => 0,
+                    true => (free as u64, total as u64),
+                    false => (0, 0),
                 }
             })
             .collect()

@@ -53,6 +53,17 @@ pub fn resident_bytes() -> u64 {
     pages * u64::try_from(page).unwrap_or(4096)
 }
 
+/// Gives the heap's free pages back to the system (glibc keeps them after
+/// a model is dropped), so that the next reading of [`resident_bytes`]
+/// shows what the loaded models hold, not what unloaded ones left behind.
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks and trims the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// A model loaded into `instances` sessions.
 pub struct LoadedModel {
     /// Inputs and outputs as the ONNX file declares them.

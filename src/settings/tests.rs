@@ -73,6 +73,7 @@ fn full_file_with_every_field() {
         device_ids: vec![1, 0],
         intra_op_threads: Some(4),
         warmup: false,
+        pinned: false,
         cuda,
         padding: Default::default(),
         batch_axes: Default::default(),

@@ -1,0 +1,296 @@
+//! The repository task's side of `[residency]`: whether a model loads now
+//! or rests on disk, the loads requests ask for, and the evictions that
+//! make room for them. What to evict is decided by `residency::plan`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::registry::Cold;
+use super::residency::{self, Charge, Loaded, NoRoom};
+use super::scan::ModelDir;
+use super::{LoadReason, Repository, Tracked};
+use crate::config::ResidencyMode;
+use crate::error::Error;
+use crate::metrics;
+use crate::model::state::ModelState;
+use crate::model::ModelHandle;
+use crate::settings::{ExecutionProvider, ModelSettings};
+
+/// A model never loaded is charged this much host memory beyond twice
+/// its file until its first load measures it.
+const FIRST_LOAD_EXTRA: u64 = 16 << 20;
+
+/// How long a load waits for the sessions of the models it evicted to be
+/// dropped (their batching tasks end once their last requests are answered).
+const RELEASE_WAIT: Duration = Duration::from_secs(2);
+
+/// What `handle` holds on each device: host memory as `cpu` (at least its
+/// weights, for a model on the CPU), GPU memory as `cuda:N`.
+pub(super) fn charge_of(handle: &ModelHandle) -> Charge {
+    let m = &handle.memory;
+    let host = match m.device_bytes.is_empty() {
+        true => m.host_bytes.max(m.weights_bytes),
+        false => m.host_bytes,
+    };
+    let mut charge = Charge::from([("cpu".to_string(), host)]);
+    for d in &handle.memory.device_bytes {
+        charge.insert(format!("cuda:{}", d.device), d.bytes);
+    }
+    charge
+}
+
+impl Repository {
+    /// Whether a model found now (at start, or as a new or changed folder)
+    /// loads at once: pinned ones and the one model of `--model-name`
+    /// always; in `eager` mode the others while they fit the budgets without
+    /// evicting anything; in `on_demand` mode none.
+    pub(super) fn loads_now(&mut self, folder: &str, settings: &ModelSettings) -> bool {
+        if self.pinned(settings) {
+            return true;
+        }
+        match self.residency.mode {
+            ResidencyMode::OnDemand => false,
+            ResidencyMode::Eager => {
+                let need = self.estimate(folder, settings);
+                let budgets = self.budgets(&need);
+                let loaded = self.loaded(None);
+                // Nothing is evictable for this check.
+                residency::plan(&budgets, &need, &loaded, Instant::now(), Duration::MAX)
+                    .is_ok_and(|evict| evict.is_empty())
+            }
+        }
+    }
+
+    /// Never evicted, loaded at start: `pinned`, or the one model of `--model-name`.
+    fn pinned(&self, settings: &ModelSettings) -> bool {
+        settings.pinned || self.model_name.is_some()
+    }
+
+    /// Leaves the model in `folder` on disk: its next request loads it.
+    pub(super) fn rest(&mut self, folder: &str, settings: &ModelSettings) {
+        let t = self.tracked.get_mut(folder).expect("tracked before resting");
+        t.cold = Some(Arc::new(Cold::new(&settings.batching)));
+        let (name, dir) = (t.name.clone(), t.dir.clone());
+        tracing::info!(model = %name, mode = ?self.residency.mode, "not loaded now (residency); its first request loads it");
+        self.publish(&name, &dir, ModelState::OnDisk, None, None);
+    }
+
+    /// A request found model `name` not resident: loads it and answers with it.
+    pub(super) async fn demand(&mut self, name: &str) -> Result<Arc<ModelHandle>, Error> {
+        let Some(t) = self.tracked.values().find(|t| t.name == name) else {
+            return Err(Error::ModelNotFound(crate::error::clip(name).into_owned()));
+        };
+        if let Some((h, _)) = &t.serving {
+            return Ok(h.clone());
+        }
+        if t.cold.is_none() {
+            // Failed, or unloaded through the API, since the request asked.
+            return self.registry.ready(name, None);
+        }
+        let settings = t.seen.settings.clone().map_err(Error::invalid)?;
+        let md = ModelDir {
+            folder: t.folder.clone(),
+            dir: t.dir.clone(),
+            settings: Ok(settings.clone()),
+        };
+        self.publish(name, &md.dir, ModelState::Loading, None, None);
+        self.load_version(&md, settings).await
+    }
+
+    /// Evicts what `plan` says must go for the model in `folder` to load,
+    /// and waits (a little) for their memory to come back. Refused when the
+    /// model cannot fit even then: nothing is evicted.
+    pub(super) async fn make_room(&mut self, folder: &str, settings: &ModelSettings) -> Result<(), NoRoom> {
+        let need = self.estimate(folder, settings);
+        let budgets = self.budgets(&need);
+        let loaded = self.loaded(None);
+        let evict = residency::plan(&budgets, &need, &loaded, Instant::now(), self.residency.min_idle)?;
+        let mut ended = Vec::new();
+        for i in evict {
+            let victim = &loaded[i];
+            if let Some(done) = self.evict(&victim.name, victim.last_active) {
+                ended.push(done);
+            }
+        }
+        if !ended.is_empty() {
+            let all = futures_util::future::join_all(ended);
+            if tokio::time::timeout(RELEASE_WAIT, all).await.is_err() {
+                tracing::warn!("the sessions of an evicted model were still held after {RELEASE_WAIT:?}; measuring the next load anyway");
+            }
+        }
+        Ok(())
+    }
+
+    /// After a load measured `folder`'s model to hold more than its
+    /// estimate and the budgets are exceeded: a load a request or the API
+    /// asked for evicts the least recently active others; a load the
+    /// server chose (at start, a new folder) evicts nothing. When that
+    /// leaves too little room, the new model goes back to disk (a pinned
+    /// one stays, with a warning) and the refusal is returned.
+    pub(super) fn trim(&mut self, folder: &str) -> Result<(), NoRoom> {
+        let Some(t) = self.tracked.get(folder) else { return Ok(()) };
+        let Some(need) = t.known.clone().map(|(_, c)| c) else { return Ok(()) };
+        let (name, last_active) = (t.name.clone(), Instant::now());
+        let pinned = t.serving.as_ref().is_some_and(|(h, _)| self.pinned(&h.settings));
+        let budgets = self.budgets(&need);
+        let loaded = self.loaded(Some(folder));
+        let min_idle = match self.reason {
+            LoadReason::OnDemand | LoadReason::Api => self.residency.min_idle,
+            LoadReason::Start | LoadReason::Reload => Duration::MAX,
+        };
+        let result = residency::plan(&budgets, &need, &loaded, Instant::now(), min_idle);
+        match &result {
+            Ok(evict) => {
+                for &i in evict {
+                    // Their memory comes back when their tasks end; nothing waits for it here.
+                    drop(self.evict(&loaded[i].name, loaded[i].last_active));
+                }
+            }
+            Err(short) if pinned => tracing::warn!(
+                model = %name,
+                "pinned, so loaded beyond the residency budget: {}",
+                short.message(&name)
+            ),
+            Err(_) => drop(self.evict(&name, last_active)),
+        }
+        self.publish_budgets();
+        result.map(drop)
+    }
+
+    /// Unloads model `name` to make room; its next request loads it again.
+    /// Returns what resolves once its sessions are dropped.
+    fn evict(&mut self, name: &str, last_active: Instant) -> Option<impl std::future::Future<Output = ()>> {
+        let t = self.tracked.values_mut().find(|t| t.name == name)?;
+        let (h, _) = t.serving.take()?;
+        t.cold = Some(Arc::new(Cold::new(&h.settings.batching)));
+        h.batcher().retire();
+        let ended = h.batcher().ended();
+        super::forget_device_memory(name, &h);
+        let (name, dir) = (t.name.clone(), t.dir.clone());
+        tracing::info!(
+            model = %name,
+            bytes = ?charge_of(&h),
+            idle = ?last_active.elapsed(),
+            "evicted to make room for another model (residency); its next request loads it"
+        );
+        metrics::model_eviction(&name);
+        self.publish(&name, &dir, ModelState::OnDisk, None, None);
+        Some(ended)
+    }
+
+    /// The loaded models as the planner sees them, but `except`'s.
+    fn loaded(&self, except: Option<&str>) -> Vec<Loaded> {
+        self.tracked
+            .values()
+            .filter(|t| Some(t.folder.as_str()) != except)
+            .filter_map(|t| {
+                let (h, _) = t.serving.as_ref()?;
+                Some(Loaded {
+                    name: t.name.clone(),
+                    charge: charged(t, h),
+                    last_active: h.activity().last_active(),
+                    busy: h.activity().busy() || h.batcher().queued() > 0,
+                    pinned: self.pinned(&h.settings),
+                })
+            })
+            .collect()
+    }
+
+    /// What the model in `folder` will hold once loaded: what its last load
+    /// of the same file held, else twice its file plus a margin (and, for a
+    /// GPU model, the least any loaded model holds on each of its devices).
+    fn estimate(&self, folder: &str, settings: &ModelSettings) -> Charge {
+        let Some(t) = self.tracked.get(folder) else { return Charge::new() };
+        let file = t.seen.file.as_ref().ok();
+        if let (Some((stamp, known)), Some(file)) = (&t.known, file) {
+            if stamp == file {
+                return known.clone();
+            }
+        }
+        let len = file.map_or(0, |f| f.len);
+        let mut need = Charge::from([("cpu".to_string(), len.saturating_mul(2) + FIRST_LOAD_EXTRA)]);
+        if settings.execution_provider != ExecutionProvider::Cpu {
+            for id in &settings.device_ids {
+                let device = format!("cuda:{id}");
+                let least = self.loaded(None).iter().filter_map(|l| l.charge.get(&device).copied()).min();
+                if let Some(least) = least {
+                    need.insert(device, least.max(len));
+                }
+            }
+        }
+        need
+    }
+
+    /// The budget of every device that `need` or a loaded model holds bytes on.
+    fn budgets(&mut self, need: &Charge) -> Charge {
+        let mut devices: Vec<String> = need.keys().cloned().collect();
+        for t in self.tracked.values() {
+            if let Some((h, _)) = &t.serving {
+                devices.extend(charge_of(h).into_keys());
+            }
+        }
+        devices.sort();
+        devices.dedup();
+        devices
+            .into_iter()
+            .filter_map(|d| Some((d.clone(), self.budget_of(&d)?)))
+            .collect()
+    }
+
+    /// The budget of one device: `host_bytes` for `cpu`; `device_bytes`, or
+    /// the device's total less the margin, for `cuda:N`.
+    fn budget_of(&mut self, device: &str) -> Option<u64> {
+        if device == "cpu" {
+            return self.residency.host_bytes;
+        }
+        if let Some(b) = self.residency.device_bytes {
+            return Some(b);
+        }
+        let id: usize = device.strip_prefix("cuda:")?.parse().ok()?;
+        let totals = self
+            .device_totals
+            .get_or_insert_with(crate::runtime::device_memory::total_per_device);
+        let total = *totals.get(id)?;
+        Some((total as f64 * (1.0 - self.residency.device_margin_fraction)) as u64)
+    }
+
+    /// Sets the budget and use gauges of every device.
+    pub(super) fn publish_budgets(&mut self) {
+        let used = residency::used(&self.loaded(None));
+        let mut devices: Vec<String> = used.keys().cloned().collect();
+        devices.push("cpu".into());
+        devices.sort();
+        devices.dedup();
+        for d in devices {
+            let budget = self.budget_of(&d);
+            metrics::residency(&d, budget, used.get(&d).copied().unwrap_or(0));
+        }
+    }
+
+    /// Notes what a load of `folder`'s model measured, for its next load's
+    /// estimate: the most any load of the same file measured (a load that
+    /// reuses memory an evicted model freed shows less growth than it holds).
+    pub(super) fn remember(&mut self, folder: &str, handle: &ModelHandle) {
+        let Some(t) = self.tracked.get_mut(folder) else { return };
+        let Ok(file) = t.seen.file.clone() else { return };
+        let mut charge = charge_of(handle);
+        if let Some((stamp, known)) = &t.known {
+            if *stamp == file {
+                for (d, b) in known {
+                    let c = charge.entry(d.clone()).or_default();
+                    *c = (*c).max(*b);
+                }
+            }
+        }
+        t.known = Some((file, charge));
+        t.cold = None;
+    }
+}
+
+/// What model `t`, serving `h`, is charged: the most its loads of this file measured.
+fn charged(t: &Tracked, h: &ModelHandle) -> Charge {
+    match &t.known {
+        Some((_, known)) => known.clone(),
+        None => charge_of(h),
+    }
+}

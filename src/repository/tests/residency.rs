@@ -1,0 +1,217 @@
+//! Residency against the fake runtime: models load on demand, the least
+//! recently active idle one is evicted when a load needs its room, busy and
+//! pinned models stay, concurrent first requests share one load, a model
+//! that cannot fit is refused and evicts nothing, and a change to a model
+//! that is not resident applies at its next load. Each fake model reports
+//! 4 GB of weights (its charge), so that the process's own memory noise
+//! is small beside the budget.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::FakeRuntime;
+use crate::config::{Residency, ResidencyMode};
+use crate::error::{Error, ErrorKind};
+use crate::model::state::ModelState;
+use crate::pool::{Pool, PoolLimits};
+use crate::protocol::InferRequest;
+use crate::repository::{Repository, RepositoryHandle};
+use crate::settings::ModelDefaults;
+use crate::tensor::{Tensor, TensorData};
+
+const GB: u64 = 1_000_000_000;
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    runtime: Arc<FakeRuntime>,
+    repo: RepositoryHandle,
+}
+
+/// A repository of `models` (name, fake file) under `residency`.
+async fn start(models: &[(&str, &str)], residency: Residency) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, file) in models {
+        std::fs::create_dir(dir.path().join(name)).unwrap();
+        std::fs::write(dir.path().join(name).join("model.onnx"), file).unwrap();
+    }
+    let runtime = Arc::new(FakeRuntime::default());
+    let repository = Repository::new(
+        dir.path().to_path_buf(),
+        None,
+        ModelDefaults::default(),
+        runtime.clone(),
+        Pool::new(PoolLimits { cpu: 4, gpu: 1 }),
+    )
+    .with_residency(residency);
+    let (_rescan_tx, rescan_rx) = mpsc::unbounded_channel();
+    let (repo, loaded) = repository.spawn(rescan_rx);
+    loaded.await.unwrap().unwrap();
+    Fixture { dir, runtime, repo }
+}
+
+fn budget(mode: ResidencyMode, host_gb: u64) -> Residency {
+    Residency {
+        mode,
+        host_bytes: Some(host_gb * GB),
+        min_idle: Duration::ZERO,
+        ..Residency::default()
+    }
+}
+
+impl Fixture {
+    fn loads(&self) -> usize {
+        self.runtime.loads.load(Ordering::SeqCst)
+    }
+
+    fn state(&self, name: &str) -> ModelState {
+        self.repo.registry().get(name).expect("known model").state
+    }
+
+    /// `y[0]` for `x = [1, 1]` from model `name`, loading it if need be.
+    async fn ask(&self, name: &str) -> Result<f32, Error> {
+        let model = self.repo.registry().serve(name, None, Instant::now()).await?;
+        let x = Tensor::new("x", vec![1, 2], TensorData::F32(vec![1.0, 1.0])).unwrap();
+        let req = InferRequest {
+            id: None,
+            inputs: vec![x],
+            outputs: None,
+        };
+        let resp = model.infer(req, Instant::now()).await?;
+        match &resp.outputs[0].data {
+            TensorData::F32(y) => Ok(y[0]),
+            _ => panic!("FP32 out"),
+        }
+    }
+
+    fn resident(&self) -> Vec<String> {
+        let list = self.repo.registry().list();
+        list.into_iter()
+            .filter(|e| e.state == ModelState::Ready)
+            .map(|e| e.name)
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn on_demand_loads_and_evicts_the_least_recently_used() {
+    let file = |k: u32| format!("k={k} bytes={}", 4 * GB);
+    let (a, b, c) = (file(2), file(3), file(4));
+    let f = start(&[("a", &a), ("b", &b), ("c", &c)], budget(ResidencyMode::OnDemand, 10)).await;
+    assert_eq!(f.loads(), 0, "nothing loads at start");
+    assert_eq!(f.state("a"), ModelState::OnDisk);
+    assert!(f.repo.registry().servable("a", None).is_ok(), "its model readiness says it serves");
+
+    // Table: the model asked for → its answer, loads so far, resident after.
+    let rows: [(&str, f32, usize, &[&str]); 5] = [
+        ("a", 2.0, 1, &["a"]),
+        ("b", 3.0, 2, &["a", "b"]),
+        ("a", 2.0, 2, &["a", "b"]),
+        // `b` was used less recently than `a`.
+        ("c", 4.0, 3, &["a", "c"]),
+        ("b", 3.0, 4, &["b", "c"]),
+    ];
+    for (name, y, loads, resident) in rows {
+        assert_eq!(f.ask(name).await.unwrap(), y, "{name}");
+        assert_eq!(f.loads(), loads, "loads after asking {name}");
+        assert_eq!(f.resident(), resident, "resident after asking {name}");
+    }
+    assert_eq!(f.state("a"), ModelState::OnDisk);
+}
+
+#[tokio::test]
+async fn a_busy_model_is_not_evicted() {
+    let slow = format!("k=2 bytes={} run_ms=400", 4 * GB);
+    let quick = |k: u32| format!("k={k} bytes={}", 4 * GB);
+    let (b, c) = (quick(3), quick(4));
+    let f = Arc::new(start(&[("a", &slow), ("b", &b), ("c", &c)], budget(ResidencyMode::OnDemand, 10)).await);
+    // `a` is the least recently used (its request began first) but busy
+    // for 400 ms when `c` needs room: `b` goes.
+    let busy = {
+        let f = f.clone();
+        tokio::spawn(async move { f.ask("a").await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    f.ask("b").await.unwrap();
+    assert_eq!(f.resident(), ["a", "b"]);
+    assert_eq!(f.ask("c").await.unwrap(), 4.0);
+    assert_eq!(f.resident(), ["a", "c"], "`b` went although `a` was used less recently");
+    assert_eq!(busy.await.unwrap().unwrap(), 2.0);
+}
+
+#[tokio::test]
+async fn concurrent_first_requests_share_one_load() {
+    let file = format!("k=2 bytes={} load_ms=200", GB);
+    let f = Arc::new(start(&[("a", &file)], budget(ResidencyMode::OnDemand, 10)).await);
+    let asks: Vec<_> = (0..8)
+        .map(|_| {
+            let f = f.clone();
+            tokio::spawn(async move { f.ask("a").await })
+        })
+        .collect();
+    for a in asks {
+        assert_eq!(a.await.unwrap().unwrap(), 2.0);
+    }
+    assert_eq!(f.loads(), 1);
+}
+
+#[tokio::test]
+async fn a_model_that_cannot_fit_is_refused_and_evicts_nothing() {
+    let (small, pinned, big) = (
+        format!("k=2 bytes={}", 4 * GB),
+        format!("k=3 bytes={}", 4 * GB),
+        format!("k=4 bytes={}", 7 * GB),
+    );
+    let f = start(&[("a", &small), ("p", &pinned), ("big", &big)], budget(ResidencyMode::OnDemand, 10)).await;
+    std::fs::write(f.dir.path().join("p/model-settings.json"), r#"{"pinned": true}"#).unwrap();
+    f.repo.rescan();
+    let t0 = Instant::now();
+    while f.state("p") != ModelState::Ready {
+        assert!(t0.elapsed() < Duration::from_secs(10), "pinned `p` loads");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    f.ask("a").await.unwrap();
+    // Its first load measures it (its file says nothing of its size), and
+    // it goes back to disk; the second request is refused without a load.
+    for loads in [3, 3] {
+        let err = f.ask("big").await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Overloaded, "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("`big` needs about 7000000000 bytes on cpu")
+                && msg.contains("residency.host_bytes is 10000000000"),
+            "{msg}"
+        );
+        assert_eq!(f.loads(), loads);
+        assert_eq!(f.resident(), ["a", "p"], "nothing was evicted for a load that could not fit");
+        assert_eq!(f.state("big"), ModelState::OnDisk, "it stays loadable");
+    }
+}
+
+#[tokio::test]
+async fn a_change_to_a_model_on_disk_applies_at_its_next_load() {
+    let f = start(&[("a", &format!("k=2 bytes={GB}"))], budget(ResidencyMode::OnDemand, 10)).await;
+    std::fs::write(f.dir.path().join("a/model.onnx"), format!("k=5 bytes={GB}")).unwrap();
+    f.repo.rescan();
+    // A rescan is a command like a request's load: once a request is
+    // answered after it, the rescan has run.
+    assert_eq!(f.ask("a").await.unwrap(), 5.0);
+    assert_eq!(f.loads(), 1, "the change did not load it by itself");
+}
+
+#[tokio::test]
+async fn eager_loads_while_the_budget_holds_and_the_rest_on_demand() {
+    let file = |k: u32| format!("k={k} bytes={}", 4 * GB);
+    let (a, b, c) = (file(2), file(3), file(4));
+    let f = start(&[("a", &a), ("b", &b), ("c", &c)], budget(ResidencyMode::Eager, 10)).await;
+    // `c`'s file says nothing of its size: its load measures it, and as
+    // the start evicts nothing, it goes back to disk.
+    assert_eq!(f.loads(), 3);
+    assert_eq!(f.resident(), ["a", "b"]);
+    assert_eq!(f.state("c"), ModelState::OnDisk);
+    assert_eq!(f.ask("c").await.unwrap(), 4.0);
+    assert_eq!(f.resident(), ["b", "c"]);
+    assert_eq!(f.loads(), 4);
+}
