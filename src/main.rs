@@ -329,6 +329,8 @@ fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
         Err(e) => return fail(e),
     };
     let path = dir.join(&settings.uri);
+    sluice::runtime::release_free_memory();
+    let before = sluice::runtime::resident_bytes();
     let loaded = match rt.load(&settings.name, &path, &settings) {
         Ok(l) => l,
         Err(e) => return fail(format!("model `{}`: {e}", settings.name)),
@@ -348,6 +350,13 @@ fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
     for line in evidence(dir, &name, &settings, &mut loaded, checked.layout) {
         println!("{line}");
     }
+    sluice::runtime::release_free_memory();
+    let grown = sluice::runtime::resident_bytes().saturating_sub(before);
+    println!(
+        "memory: {grown} bytes of host memory after load and warm-up, {} of weights \
+         (what residency charges it on the CPU: the larger)",
+        loaded.weights_bytes
+    );
     for (kind, specs) in [
         ("input", &loaded.signature.inputs),
         ("output", &loaded.signature.outputs),

@@ -170,7 +170,7 @@ fn describe() {
     describe_counter!(
         DROPPED,
         Unit::Count,
-        "Requests removed from the queue without running, by reason."
+        "Requests that left without running, by reason (`client_gone`, `expired`, `no_room`: their model could not be loaded under the residency budgets)."
     );
     describe_counter!(
         MODEL_LOADS,
@@ -377,7 +377,7 @@ pub fn residency(device: &str, budget: Option<u64>, used: u64) {
     gauge!(RESIDENCY_USED, "device" => device.to_string()).set(used as f64);
 }
 
-/// A queued request left without running (`reason`: `client_gone`, `expired`).
+/// A request left without running (`reason`: `client_gone`, `expired`, `no_room`).
 pub fn dropped(model: &str, reason: &'static str) {
     counter!(DROPPED, "model" => model.to_string(), "reason" => reason).increment(1);
 }

@@ -33,7 +33,9 @@ pub struct ResidencyConfig {
     /// for CUDA's own context and the batches' activations.
     pub device_margin_fraction: f64,
     /// Seconds a model must go without a request (or since its load)
-    /// before it may be evicted to make room for another.
+    /// before it may be evicted to make room for another. 0: any idle model
+    /// may go, least recently used first; more trades refused cold loads
+    /// (503) for fewer reloads when the working set does not fit.
     pub min_idle_seconds: f64,
 }
 
@@ -44,7 +46,7 @@ impl Default for ResidencyConfig {
             host_bytes: None,
             device_bytes: None,
             device_margin_fraction: 0.1,
-            min_idle_seconds: 1.0,
+            min_idle_seconds: 0.0,
         }
     }
 }

@@ -124,6 +124,8 @@ pub async fn build(
     let padded =
         padded.map(|dims| format!("{dims} (max_padding_ratio {})", batcher.settings().max_padding()));
     let device_bytes = device_growth(&gpu_before, &cuda_ids).await;
+    // What warm-up allocated and freed is not the model's.
+    crate::runtime::release_free_memory();
     let memory = Memory {
         host_bytes: crate::runtime::resident_bytes().saturating_sub(resident_before),
         weights_bytes: loaded.weights_bytes,

@@ -491,7 +491,9 @@ impl Repository {
         if fresh {
             if let Err(short) = self.make_room(&md.folder, &settings).await {
                 let message = short.message(&name);
-                tracing::warn!(model = %name, "not loaded: {message}");
+                // Once per refused request: a metric, and a line only at debug.
+                tracing::debug!(model = %name, "not loaded: {message}");
+                metrics::dropped(&name, "no_room");
                 self.rest(&md.folder, &settings);
                 return Err(Error::Busy {
                     message,

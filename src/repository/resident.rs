@@ -16,8 +16,8 @@ use crate::model::state::ModelState;
 use crate::model::ModelHandle;
 use crate::settings::{ExecutionProvider, ModelSettings};
 
-/// A model never loaded is charged this much host memory beyond twice
-/// its file until its first load measures it.
+/// Before any model has been measured, a model never loaded is guessed at
+/// twice its file and this much more.
 const FIRST_LOAD_EXTRA: u64 = 16 << 20;
 
 /// How long a load waits for the sessions of the models it evicted to be
@@ -197,8 +197,10 @@ impl Repository {
     }
 
     /// What the model in `folder` will hold once loaded: what its last load
-    /// of the same file held, else twice its file plus a margin (and, for a
-    /// GPU model, the least any loaded model holds on each of its devices).
+    /// of the same file held; else its file and the median of what measured
+    /// models held beyond their files (twice its file and 16 MiB before any
+    /// was measured); for a GPU model, also the least any loaded model holds
+    /// on each of its devices.
     fn estimate(&self, folder: &str, settings: &ModelSettings) -> Charge {
         let Some(t) = self.tracked.get(folder) else { return Charge::new() };
         let file = t.seen.file.as_ref().ok();
@@ -208,7 +210,20 @@ impl Repository {
             }
         }
         let len = file.map_or(0, |f| f.len);
-        let mut need = Charge::from([("cpu".to_string(), len.saturating_mul(2) + FIRST_LOAD_EXTRA)]);
+        let mut beyond: Vec<u64> = self
+            .tracked
+            .values()
+            .filter_map(|t| {
+                let (stamp, known) = t.known.as_ref()?;
+                Some(known.get("cpu")?.saturating_sub(stamp.len))
+            })
+            .collect();
+        beyond.sort_unstable();
+        let host = match beyond.get(beyond.len() / 2) {
+            Some(median) => len + median,
+            None => len.saturating_mul(2) + FIRST_LOAD_EXTRA,
+        };
+        let mut need = Charge::from([("cpu".to_string(), host)]);
         if settings.execution_provider != ExecutionProvider::Cpu {
             for id in &settings.device_ids {
                 let device = format!("cuda:{id}");

@@ -173,9 +173,14 @@ async fn a_model_that_cannot_fit_is_refused_and_evicts_nothing() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     f.ask("a").await.unwrap();
-    // Its first load measures it (its file says nothing of its size), and
-    // it goes back to disk; the second request is refused without a load.
-    for loads in [3, 3] {
+    // Its file says nothing of its size: its first load, guessed at what
+    // the others hold, evicts `a`, measures it and sends it back to disk.
+    // Once its size is known, it is refused without a load and evicts nothing.
+    let refused = f.ask("big").await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Overloaded, "{refused}");
+    assert_eq!((f.loads(), f.resident()), (3, vec!["p".to_string()]));
+    f.ask("a").await.unwrap();
+    for loads in [4, 4] {
         let err = f.ask("big").await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Overloaded, "{err}");
         let msg = err.to_string();
@@ -206,12 +211,50 @@ async fn eager_loads_while_the_budget_holds_and_the_rest_on_demand() {
     let file = |k: u32| format!("k={k} bytes={}", 4 * GB);
     let (a, b, c) = (file(2), file(3), file(4));
     let f = start(&[("a", &a), ("b", &b), ("c", &c)], budget(ResidencyMode::Eager, 10)).await;
-    // `c`'s file says nothing of its size: its load measures it, and as
-    // the start evicts nothing, it goes back to disk.
-    assert_eq!(f.loads(), 3);
+    // `c` is guessed at what `a` and `b` hold: it does not fit beside them.
+    assert_eq!(f.loads(), 2);
     assert_eq!(f.resident(), ["a", "b"]);
     assert_eq!(f.state("c"), ModelState::OnDisk);
     assert_eq!(f.ask("c").await.unwrap(), 4.0);
     assert_eq!(f.resident(), ["b", "c"]);
-    assert_eq!(f.loads(), 4);
+    assert_eq!(f.loads(), 3);
+}
+
+#[tokio::test]
+async fn the_api_loads_a_model_on_disk_and_an_unloaded_one_stays_unloaded() {
+    let file = |k: u32| format!("k={k} bytes={}", 4 * GB);
+    let (a, b, c) = (file(2), file(3), file(4));
+    let f = start(&[("a", &a), ("b", &b), ("c", &c)], budget(ResidencyMode::OnDemand, 10)).await;
+    f.ask("a").await.unwrap();
+    f.ask("b").await.unwrap();
+    // An API load makes room as a request's load does.
+    f.repo.load("c").await.unwrap();
+    assert_eq!(f.resident(), ["b", "c"]);
+    // An API unload is not undone by a request.
+    f.repo.unload("b").await.unwrap();
+    let err = f.ask("b").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ModelNotReady, "{err}");
+    assert!(err.to_string().contains("unloaded through the repository API"), "{err}");
+    assert_eq!(f.loads(), 3);
+    // Until the API loads it again.
+    f.repo.load("b").await.unwrap();
+    assert_eq!(f.ask("b").await.unwrap(), 3.0);
+}
+
+#[tokio::test]
+async fn a_removed_folder_is_forgotten_and_a_new_one_rests_until_asked() {
+    let f = start(&[("a", &format!("k=2 bytes={GB}"))], budget(ResidencyMode::OnDemand, 10)).await;
+    std::fs::remove_dir_all(f.dir.path().join("a")).unwrap();
+    std::fs::create_dir(f.dir.path().join("n")).unwrap();
+    std::fs::write(f.dir.path().join("n/model.onnx"), format!("k=7 bytes={GB}")).unwrap();
+    f.repo.rescan();
+    let t0 = Instant::now();
+    while f.repo.registry().get("n").is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "`n` joins");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(f.state("n"), ModelState::OnDisk);
+    assert_eq!(f.ask("n").await.unwrap(), 7.0);
+    assert!(f.repo.registry().get("a").is_none(), "`a` is forgotten");
+    assert_eq!(f.loads(), 1);
 }
