@@ -9,6 +9,10 @@
 #   scripts/gpu-check.sh pack [PART_MIB]   # here: build, strip and pack into .gpu/parts/
 #   scripts/gpu-check.sh unpack            # there: .gpu/parts/* -> .gpu/run/ (checks sha256)
 #   scripts/gpu-check.sh run [OUT_DIR]     # there: the checks and the benchmark
+#   scripts/gpu-check.sh residency [OUT_DIR]  # there: device budgets (scripts/gpu_residency.py)
+#
+# GPU_PACK_LIGHT=1 packs only sluice and the ONNX Runtime libraries (enough
+# for `residency`): no padding bench, no MiniLM.
 #
 # `pack` puts into one xz-compressed tar, split into parts of PART_MIB
 # (default 51) so that each fits one transfer: the release `sluice` binary
@@ -46,8 +50,16 @@ die() { echo "gpu-check: error: $*" >&2; exit 1; }
 pack() {
   local part_mib="${1:-51}" ort
   ort="$(dirname "$(scripts/fetch-onnxruntime.sh --gpu)")"
-  scripts/fetch-minilm.sh >/dev/null
   cargo build --release --locked --bin sluice
+  rm -rf "$STAGE/pack" "$STAGE/parts" && mkdir -p "$STAGE/pack/ort" "$STAGE/parts"
+  cp -L "$ort"/libonnxruntime.so.1.31.1 "$ort"/libonnxruntime_providers_{shared,cuda}.so "$STAGE/pack/ort/"
+  strip -o "$STAGE/pack/sluice" target/release/sluice
+  if [[ -n "${GPU_PACK_LIGHT:-}" ]]; then
+    (cd "$STAGE/pack" && sha256sum ort/* sluice > SHA256SUMS)
+    compress "$part_mib"
+    return
+  fi
+  scripts/fetch-minilm.sh >/dev/null
   local bench
   bench="$(cargo bench --locked --bench padding --no-run --message-format=json 2>/dev/null \
     | python3 -c 'import json,sys
@@ -56,9 +68,6 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "padding" and m.get("executable"):
         print(m["executable"])')"
   [[ -x "$bench" ]] || die "no padding bench binary (cargo bench --bench padding --no-run)"
-  rm -rf "$STAGE/pack" "$STAGE/parts" && mkdir -p "$STAGE/pack/ort" "$STAGE/parts"
-  cp -L "$ort"/libonnxruntime.so.1.31.1 "$ort"/libonnxruntime_providers_{shared,cuda}.so "$STAGE/pack/ort/"
-  strip -o "$STAGE/pack/sluice" target/release/sluice
   strip -o "$STAGE/pack/padding-bench" "$bench"
   local base=()
   if [[ -n "${GPU_PACK_BASE_BENCH:-}" ]]; then
@@ -67,10 +76,26 @@ for l in sys.stdin:
   fi
   cp model-repository/minilm/model.onnx "$STAGE/pack/minilm.onnx"
   (cd "$STAGE/pack" && sha256sum ort/* sluice padding-bench "${base[@]}" minilm.onnx > SHA256SUMS)
+  compress "$part_mib"
+}
+
+compress() { # part_mib
   log "compressing (xz -9, a few minutes) ..."
-  tar -C "$STAGE/pack" -cf - . | xz -9 -T0 | split -b "${part_mib}M" -d - "$STAGE/parts/part-"
+  tar -C "$STAGE/pack" -cf - . | xz -9 -T0 | split -b "${1}M" -d - "$STAGE/parts/part-"
   (cd "$STAGE/parts" && sha256sum part-* > ../parts.sha256 && mv ../parts.sha256 .)
   ls -l "$STAGE/parts" >&2
+}
+
+# Device budgets on the GPU: scripts/gpu_residency.py.
+residency() {
+  local out="${1:-${OUT:-$STAGE/out}}"
+  mkdir -p "$out"
+  [[ -x "$RUN/sluice" ]] || die "$RUN/sluice missing: run 'scripts/gpu-check.sh unpack' first"
+  export LD_LIBRARY_PATH="$RUN/ort:$(cuda_library_path):${LD_LIBRARY_PATH:-}"
+  export ORT_DYLIB_PATH="$RUN/ort/libonnxruntime.so.1.31.1"
+  nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
+  python3 scripts/gpu_residency.py "$RUN/sluice" "$ORT_DYLIB_PATH" "$out" \
+    --models "${GPU_RESIDENCY_MODELS:-40}" --seconds "${GPU_RESIDENCY_SECONDS:-40}"
 }
 
 unpack() {
@@ -174,5 +199,6 @@ case "${1:-}" in
   pack) shift; pack "$@" ;;
   unpack) unpack ;;
   run) shift; run "$@" ;;
+  residency) shift; residency "$@" ;;
   *) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2 ;;
 esac

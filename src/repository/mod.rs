@@ -229,6 +229,8 @@ impl Repository {
         });
         let mut repo = self;
         tokio::spawn(async move {
+            let rt = repo.runtime.clone();
+            let _ = tokio::task::spawn_blocking(move || rt.prime()).await;
             repo.publish_budgets();
             let first = supervised("the start-up scan", repo.rescan())
                 .await

@@ -16,10 +16,6 @@ use crate::model::state::ModelState;
 use crate::model::ModelHandle;
 use crate::settings::{ExecutionProvider, ModelSettings};
 
-/// Before any model has been measured, a model never loaded is guessed at
-/// twice its file and this much more.
-const FIRST_LOAD_EXTRA: u64 = 16 << 20;
-
 /// How long a load waits for the sessions of the models it evicted to be
 /// dropped (their batching tasks end once their last requests are answered).
 const RELEASE_WAIT: Duration = Duration::from_secs(2);
@@ -198,9 +194,10 @@ impl Repository {
 
     /// What the model in `folder` will hold once loaded: what its last load
     /// of the same file held; else its file and the median of what measured
-    /// models held beyond their files (twice its file and 16 MiB before any
-    /// was measured); for a GPU model, also the least any loaded model holds
-    /// on each of its devices.
+    /// models held beyond their files (twice its file before any was
+    /// measured: a low guess loads and is measured, a high one would keep a
+    /// small budget from ever loading anything); for a GPU model, also the
+    /// least any loaded model holds on each of its devices.
     fn estimate(&self, folder: &str, settings: &ModelSettings) -> Charge {
         let Some(t) = self.tracked.get(folder) else { return Charge::new() };
         let file = t.seen.file.as_ref().ok();
@@ -221,7 +218,7 @@ impl Repository {
         beyond.sort_unstable();
         let host = match beyond.get(beyond.len() / 2) {
             Some(median) => len + median,
-            None => len.saturating_mul(2) + FIRST_LOAD_EXTRA,
+            None => len.saturating_mul(2),
         };
         let mut need = Charge::from([("cpu".to_string(), host)]);
         if settings.execution_provider != ExecutionProvider::Cpu {

@@ -81,6 +81,12 @@ pub trait Runtime: Send + Sync + 'static {
     /// Builds `settings.instances` sessions for the ONNX file at `path`.
     /// Blocking: call it from `spawn_blocking` or a dedicated thread.
     fn load(&self, model: &str, path: &Path, settings: &ModelSettings) -> Result<LoadedModel, RuntimeError>;
+
+    /// Brings the runtime's one-time costs (its code paged in, its global
+    /// state) into the process before the first model is measured, so that
+    /// model is not charged them (`sluice_model_memory_bytes`, residency).
+    /// Blocking.
+    fn prime(&self) {}
 }
 
 /// One ONNX Runtime session (not thread-safe: one thread runs it at a time).

@@ -204,7 +204,32 @@ impl OnnxRuntime {
     }
 }
 
+/// A tiny model (`y = relu(x·I + 0)`, FP32[batch, 8]) that [`Runtime::prime`] loads and runs once.
+const PRIMER: &[u8] = include_bytes!("primer.onnx");
+
 impl Runtime for OnnxRuntime {
+    fn prime(&self) {
+        let path = std::env::temp_dir().join(format!("sluice-primer-{}.onnx", std::process::id()));
+        let settings = ModelSettings::parse(
+            r#"{"execution_provider": "cpu", "warmup": false}"#,
+            "primer",
+            &crate::settings::ModelDefaults::default(),
+        );
+        let primed = std::fs::write(&path, PRIMER)
+            .map_err(|e| e.to_string())
+            .and_then(|()| settings.map_err(|e| e.to_string()))
+            .and_then(|s| self.load("primer", &path, &s).map_err(|e| e.to_string()))
+            .and_then(|mut m| {
+                let x = Tensor::new("x", vec![1, 8], TensorData::F32(vec![0.5; 8]))?;
+                let (_, session) = m.sessions.first_mut().ok_or("no session")?;
+                session.run(&[x], &["y".into()]).map(drop).map_err(|e| e.to_string())
+            });
+        let _ = std::fs::remove_file(&path);
+        if let Err(e) = primed {
+            tracing::debug!(error = %e, "could not prime ONNX Runtime; the first model loaded is charged its one-time costs");
+        }
+    }
+
     fn load(&self, model: &str, path: &Path, settings: &ModelSettings) -> Result<LoadedModel, RuntimeError> {
         let load_err = |message: String| RuntimeError::Load {
             path: path.display().to_string(),

@@ -7,7 +7,7 @@
     residency.py drive OUT --http H:P --grpc H:P --pid PID --seconds S
                    [--clients 6] [--zipf 1.1] [--changes] [--seed 1]
         Zipf-distributed requests from several clients over V2 JSON, the
-        binary extension, gRPC and V1; every answer must be k·x exactly (small
+        binary extension, gRPC and V1 (--protos picks some); every answer must be k·x exactly (small
         integers). With --changes: settings edits every 2 s, a folder added at
         a third of the run and one removed at half. Meanwhile samples the
         server's residency gauges (/metrics) and resident memory (PID).
@@ -72,16 +72,15 @@ def rss_bytes(pid):
     return 0
 
 
-def gauges(host):
+def gauges(host, device="cpu"):
     c = http.client.HTTPConnection(*host.split(":"), timeout=10)
     c.request("GET", "/metrics")
     text = c.getresponse().read().decode()
     out = {}
     for key in ("sluice_residency_used_bytes", "sluice_residency_budget_bytes"):
-        m = re.search(key + r'\{device="cpu"\} (\S+)', text)
+        m = re.search(key + r'\{device="' + device + r'"\} (\S+)', text)
         out[key] = float(m.group(1)) if m else None
-    sizes = [float(v) for v in re.findall(r'sluice_model_memory_bytes\{[^}]*device="cpu"[^}]*\} (\S+)', text)]
-    sizes += [float(v) for v in re.findall(r'sluice_model_memory_bytes\{device="cpu",[^}]*\} (\S+)', text)]
+    sizes = [float(v) for v in re.findall(r'sluice_model_memory_bytes\{[^}]*device="' + device + r'"[^}]*\} (\S+)', text)]
     out["largest_model"] = max(sizes, default=0.0)
     for key in ("sluice_model_loads_total", "sluice_model_evictions_total"):
         out[key] = sum(float(v) for v in re.findall(key + r"\{[^}]*\} (\S+)", text))
@@ -171,17 +170,18 @@ def documented(f):
 
 
 def client(i, args, traffic, stop, tally, latencies):
-    import tritonclient.grpc as g
-    import tritonclient.http as h
-
+    protos = args.protos.split(",")
     rng = np.random.default_rng(args.seed * 1000 + i)
     host, port = args.http.split(":")
-    clients = {
-        "http": h.InferenceServerClient(args.http, network_timeout=120),
-        "grpc": g.InferenceServerClient(args.grpc),
-        "v1": http.client.HTTPConnection(host, int(port), timeout=120),
-    }
-    protos = ("json", "binary", "grpc", "v1")
+    clients = {"v1": http.client.HTTPConnection(host, int(port), timeout=120)}
+    if "json" in protos or "binary" in protos:
+        import tritonclient.http as h
+
+        clients["http"] = h.InferenceServerClient(args.http, network_timeout=120)
+    if "grpc" in protos:
+        import tritonclient.grpc as g
+
+        clients["grpc"] = g.InferenceServerClient(args.grpc)
     n = 0
     while not stop.is_set():
         model = traffic.pick(rng)
@@ -219,7 +219,9 @@ def mutate(args, traffic, stop, events):
         m = rng.choice(traffic.models)
         settings = repo / m["name"] / "model-settings.json"
         if settings.parent.exists():
-            settings.write_text(json.dumps({"max_batch_size": rng.choice([4, 8])}))
+            kept = json.loads(settings.read_text()) if settings.exists() else {}
+            kept["max_batch_size"] = rng.choice([4, 8])
+            settings.write_text(json.dumps(kept))
             events.append(f"edited {m['name']}")
         elapsed = time.monotonic() - t0
         if not added and elapsed > args.seconds / 3:
@@ -264,7 +266,7 @@ def drive(args):
     for t in threads:
         t.start()
     while time.monotonic() - t0 < args.seconds:
-        g = gauges(args.http)
+        g = gauges(args.http, args.device)
         g["t"] = time.monotonic() - t0
         g["rss"] = rss_bytes(args.pid)
         samples.append(g)
@@ -272,7 +274,7 @@ def drive(args):
     stop.set()
     for t in threads:
         t.join(timeout=150)
-    end = gauges(args.http)
+    end = gauges(args.http, args.device)
     tally.pop("lock")
     budget = end["sluice_residency_budget_bytes"]
     over = [s for s in samples if budget and s["sluice_residency_used_bytes"] is not None
@@ -332,6 +334,8 @@ def main():
     d.add_argument("--zipf", type=float, default=1.1)
     d.add_argument("--changes", action="store_true")
     d.add_argument("--seed", type=int, default=1)
+    d.add_argument("--device", default="cpu", help="whose residency gauges to sample: cpu, cuda:0, ...")
+    d.add_argument("--protos", default="json,binary,grpc,v1", help="comma-separated: json, binary, grpc, v1")
     args = p.parse_args()
     if args.cmd == "build":
         build(args.out, args.models)
