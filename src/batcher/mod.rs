@@ -74,8 +74,7 @@ struct Inner {
     metrics: metrics::ModelMetrics,
     /// The sessions run on a GPU: settings take that device's defaults.
     gpu: bool,
-    /// Closed when the batching task has ended and dropped the sessions
-    /// (the task holds the sender).
+    /// Closed once the sessions are dropped (see [`ModelWorkers::released`]).
     ended: watch::Receiver<()>,
 }
 
@@ -94,6 +93,7 @@ impl Batcher {
         let padding = padding.map(Arc::new);
         let batching = Arc::new(batching);
         let gpu = workers.on_gpu();
+        let ended = workers.released();
         let (entries, rx) = mpsc::unbounded_channel();
         let (settings_tx, settings_rx) = watch::channel(settings.on_device(gpu));
         let queued = Arc::new(AtomicUsize::new(0));
@@ -112,11 +112,7 @@ impl Batcher {
             idle: Default::default(),
             finish_wake: Default::default(),
         });
-        let (ended_tx, ended) = watch::channel(());
-        tokio::spawn(async move {
-            task::batching_task(shared, rx, settings_rx).await;
-            drop(ended_tx);
-        });
+        tokio::spawn(task::batching_task(shared, rx, settings_rx));
         model_metrics.queue_size(0);
         Batcher {
             inner: Arc::new(Inner {
@@ -168,9 +164,10 @@ impl Batcher {
         let _ = self.inner.entries.send(Msg::Handoff(successor));
     }
 
-    /// Resolves once the batching task has ended and its sessions are
-    /// dropped: after [`Batcher::retire`], when every clone of this batcher
-    /// (every handle of the version) is gone and what was queued has run.
+    /// Resolves once the sessions are dropped, their memory back: after
+    /// [`Batcher::retire`], when every clone of this batcher (every handle
+    /// of the version) is gone, what was queued has run, and each session
+    /// thread has dropped its session.
     pub fn ended(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut ended = self.inner.ended.clone();
         async move { while ended.changed().await.is_ok() {} }

@@ -174,6 +174,9 @@ pub struct ModelWorkers {
     /// Every session's runs (cancelled at shutdown), for the inline runs.
     runs: Arc<Runs>,
     _threads: Vec<JoinHandle<()>>,
+    /// Closed once every session thread has dropped its session (each
+    /// holds a sender until then): the memory of the sessions is back.
+    released: tokio::sync::watch::Receiver<()>,
 }
 
 /// Session threads alive, process-wide. Each owns its session until it
@@ -267,6 +270,7 @@ impl ModelWorkers {
         let (mut groups, mut threads, mut warmed) = (Vec::new(), Vec::new(), Vec::new());
         let mut instance = 0;
         let last_run_ns = Arc::new(AtomicU64::new(u64::MAX));
+        let (released_tx, released) = tokio::sync::watch::channel(());
         for (device, group_sessions) in by_device {
             let (tx, rx) = crossbeam_channel::bounded::<Job>(group_sessions.len());
             let permits = Arc::new(Semaphore::new(group_sessions.len()));
@@ -283,6 +287,7 @@ impl ModelWorkers {
                 let (warmup, outputs) = (warmup.clone(), outputs.clone());
                 let span = tracing::info_span!("session", model = %model, instance, device = %device);
                 let live = LiveThread::new();
+                let holding = released_tx.clone();
                 let t = std::thread::Builder::new()
                     .name(format!("sluice-s{instance}-{model}").chars().take(15).collect())
                     .spawn(move || {
@@ -293,6 +298,7 @@ impl ModelWorkers {
                         // Usually the last reference: the session goes
                         // before this thread counts as exited.
                         drop(session);
+                        drop(holding);
                     })
                     .expect("cannot spawn a session thread");
                 threads.push(t);
@@ -313,8 +319,15 @@ impl ModelWorkers {
             last_run_ns,
             runs: pool.runs.clone(),
             _threads: threads,
+            released,
         };
         (w, warmed)
+    }
+
+    /// A receiver that is closed once every session thread has dropped its
+    /// session (after these workers are dropped and their last jobs ran).
+    pub fn released(&self) -> tokio::sync::watch::Receiver<()> {
+        self.released.clone()
     }
 
     /// Number of sessions.

@@ -101,10 +101,17 @@ impl Repository {
         let budgets = self.budgets(&need);
         let loaded = self.loaded(None);
         let evict = residency::plan(&budgets, &need, &loaded, Instant::now(), self.residency.min_idle)?;
+        let on_gpu = evict
+            .iter()
+            .any(|&i| loaded[i].charge.keys().any(|d| d.starts_with("cuda:")));
+        let gpu_before = match on_gpu {
+            true => used_on_devices().await,
+            false => Vec::new(),
+        };
         let mut ended = Vec::new();
-        for i in evict {
+        for &i in &evict {
             let victim = &loaded[i];
-            if let Some(done) = self.evict(&victim.name, victim.last_active) {
+            if let Some(done) = self.evict(&victim.name, victim.last_active, "evicted to make room for another model") {
                 ended.push(done);
             }
         }
@@ -114,7 +121,36 @@ impl Repository {
                 tracing::warn!("the sessions of an evicted model were still held after {RELEASE_WAIT:?}; measuring the next load anyway");
             }
         }
+        if on_gpu {
+            let victims: Vec<&Loaded> = evict.iter().map(|&i| &loaded[i]).collect();
+            self.learn_from_release(&victims, &gpu_before, &settled_on_devices().await);
+        }
         Ok(())
+    }
+
+    /// What the GPU gave back when `victims` went, shared among them by
+    /// their charges, raises what each is charged: a load measured after
+    /// another model freed memory the CUDA libraries keep for reuse shows
+    /// less growth than the model holds; what its eviction frees is exact.
+    fn learn_from_release(&mut self, victims: &[&Loaded], before: &[u64], after: &[u64]) {
+        for (id, (b, a)) in before.iter().zip(after).enumerate() {
+            let device = format!("cuda:{id}");
+            let returned = b.saturating_sub(*a);
+            let charged: u64 = victims.iter().map(|v| v.charge.get(&device).copied().unwrap_or(0)).sum();
+            tracing::debug!(device = %device, returned, charged, evicted = victims.len(), "device memory an eviction gave back");
+            if returned == 0 || charged == 0 {
+                continue;
+            }
+            for v in victims {
+                let mine = v.charge.get(&device).copied().unwrap_or(0);
+                let share = (returned as u128 * mine as u128 / charged as u128) as u64;
+                let Some(t) = self.tracked.values_mut().find(|t| t.name == v.name) else { continue };
+                if let Some((_, known)) = &mut t.known {
+                    let k = known.entry(device.clone()).or_default();
+                    *k = (*k).max(share);
+                }
+            }
+        }
     }
 
     /// After a load measured `folder`'s model to hold more than its
@@ -139,7 +175,8 @@ impl Repository {
             Ok(evict) => {
                 for &i in evict {
                     // Their memory comes back when their tasks end; nothing waits for it here.
-                    drop(self.evict(&loaded[i].name, loaded[i].last_active));
+                    let why = "evicted: the model just loaded holds more than its estimate";
+                    drop(self.evict(&loaded[i].name, loaded[i].last_active, why));
                 }
             }
             Err(short) if pinned => tracing::warn!(
@@ -147,15 +184,20 @@ impl Repository {
                 "pinned, so loaded beyond the residency budget: {}",
                 short.message(&name)
             ),
-            Err(_) => drop(self.evict(&name, last_active)),
+            Err(_) => drop(self.evict(&name, last_active, "unloaded again: it does not fit the budget")),
         }
         self.publish_budgets();
         result.map(drop)
     }
 
-    /// Unloads model `name` to make room; its next request loads it again.
-    /// Returns what resolves once its sessions are dropped.
-    fn evict(&mut self, name: &str, last_active: Instant) -> Option<impl std::future::Future<Output = ()>> {
+    /// Unloads model `name` (`why`: for the log); its next request loads it
+    /// again. Returns what resolves once its sessions are dropped.
+    fn evict(
+        &mut self,
+        name: &str,
+        last_active: Instant,
+        why: &'static str,
+    ) -> Option<impl std::future::Future<Output = ()>> {
         let t = self.tracked.values_mut().find(|t| t.name == name)?;
         let (h, _) = t.serving.take()?;
         t.cold = Some(Arc::new(Cold::new(&h.settings.batching)));
@@ -167,7 +209,7 @@ impl Repository {
             model = %name,
             bytes = ?charge_of(&h),
             idle = ?last_active.elapsed(),
-            "evicted to make room for another model (residency); its next request loads it"
+            "{why} (residency); its next request loads it"
         );
         metrics::model_eviction(&name);
         self.publish(&name, &dir, ModelState::OnDisk, None, None);
@@ -305,4 +347,27 @@ fn charged(t: &Tracked, h: &ModelHandle) -> Charge {
         Some((_, known)) => known.clone(),
         None => charge_of(h),
     }
+}
+
+/// Each CUDA device's memory in use (empty without a GPU), read off the async runtime.
+async fn used_on_devices() -> Vec<u64> {
+    tokio::task::spawn_blocking(crate::runtime::device_memory::used_per_device)
+        .await
+        .unwrap_or_default()
+}
+
+/// Each CUDA device's memory in use once it stops falling (CUDA and its
+/// libraries may finish freeing a dropped session's memory after the
+/// session is gone), read every 20 ms for at most a second.
+async fn settled_on_devices() -> Vec<u64> {
+    let mut last = used_on_devices().await;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = used_on_devices().await;
+        if now.iter().zip(&last).all(|(n, l)| n >= l) {
+            return now;
+        }
+        last = now;
+    }
+    last
 }

@@ -258,3 +258,30 @@ async fn a_removed_folder_is_forgotten_and_a_new_one_rests_until_asked() {
     assert!(f.repo.registry().get("a").is_none(), "`a` is forgotten");
     assert_eq!(f.loads(), 1);
 }
+
+#[tokio::test]
+async fn pinned_models_are_loaded_when_the_start_up_scan_ends() {
+    let dir_files = [("a", format!("k=2 bytes={GB}")), ("p", format!("k=3 bytes={GB}"))];
+    let dir = tempfile::tempdir().unwrap();
+    for (name, file) in &dir_files {
+        std::fs::create_dir(dir.path().join(name)).unwrap();
+        std::fs::write(dir.path().join(name).join("model.onnx"), file).unwrap();
+    }
+    std::fs::write(dir.path().join("p/model-settings.json"), r#"{"pinned": true}"#).unwrap();
+    let runtime = Arc::new(FakeRuntime::default());
+    let repository = Repository::new(
+        dir.path().to_path_buf(),
+        None,
+        ModelDefaults::default(),
+        runtime.clone(),
+        Pool::new(PoolLimits { cpu: 1, gpu: 1 }),
+    )
+    .with_residency(budget(ResidencyMode::OnDemand, 10));
+    let (_rescan_tx, rescan_rx) = mpsc::unbounded_channel();
+    let (repo, loaded) = repository.spawn(rescan_rx);
+    // Server readiness waits for this.
+    loaded.await.unwrap().unwrap();
+    let state = |n: &str| repo.registry().get(n).unwrap().state;
+    assert_eq!((state("p"), state("a")), (ModelState::Ready, ModelState::OnDisk));
+    assert!(repo.registry().meets(&crate::repository::ReadyRule::Strict), "a model on disk is not a failure");
+}
