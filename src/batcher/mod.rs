@@ -211,13 +211,14 @@ impl Batcher {
 
     /// Queues validated inputs (signature order) and waits for the outputs
     /// named in `outputs` (`None`: every output, in signature order) and the
-    /// id of the batch they ran in. The deadline (`timeout`) counts from
-    /// `arrival`.
+    /// id of the batch they ran in. The deadline (the model's `timeout`, or
+    /// the request's own `timeout` when shorter) counts from `arrival`.
     pub async fn submit(
         &self,
         inputs: Vec<Tensor>,
         outputs: Option<&[String]>,
         arrival: Instant,
+        timeout: Option<Duration>,
     ) -> Result<(Vec<Tensor>, Arc<str>)> {
         let settings = self.settings();
         let model = &self.inner.model;
@@ -239,7 +240,9 @@ impl Batcher {
             metrics: &self.inner.metrics,
             held: true,
         };
-        let deadline = arrival + settings.timeout;
+        // The request's own timeout may shorten the model's, never lengthen it.
+        let timeout = timeout.map_or(settings.timeout, |t| t.min(settings.timeout));
+        let deadline = arrival + timeout;
         // The layout while the model batches: a request's rows are its batch
         // axis; one that runs alone is one inference, whatever its shapes.
         let batching = Arc::clone(&self.inner.batching);
@@ -292,7 +295,7 @@ impl Batcher {
             Err(_) => {
                 return Err(Error::DeadlineExceeded {
                     model: model.to_string(),
-                    timeout: settings.timeout,
+                    timeout,
                 })
             }
         };

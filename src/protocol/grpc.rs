@@ -42,6 +42,7 @@ impl TryFrom<ModelInferRequest> for InferRequest {
     /// Decodes the wire request; [`super::validate`] then checks it against the model.
     fn try_from(req: ModelInferRequest) -> Result<Self, Error> {
         refuse_unsupported(&req.parameters, "request")?;
+        let timeout = super::schedule_params(int_param(&req.parameters, "timeout"), int_param(&req.parameters, "priority"))?;
         let raw = req.raw_input_contents;
         if !raw.is_empty() && raw.len() != req.inputs.len() {
             return Err(Error::invalid(format!(
@@ -65,8 +66,22 @@ impl TryFrom<ModelInferRequest> for InferRequest {
             id: non_empty(&req.id).map(str::to_string),
             inputs,
             outputs: (!outputs.is_empty()).then_some(outputs),
+            timeout,
         })
     }
+}
+
+/// Parameter `key` as a non-negative integer (Triton's clients send
+/// `int64_param`), or what was sent instead.
+fn int_param(params: &HashMap<String, InferParameter>, key: &str) -> Option<Result<u64, String>> {
+    use inference::infer_parameter::ParameterChoice;
+    let choice = params.get(key)?.parameter_choice.as_ref();
+    Some(match choice {
+        Some(ParameterChoice::Int64Param(v)) => u64::try_from(*v).map_err(|_| v.to_string()),
+        Some(ParameterChoice::Uint64Param(v)) => Ok(*v),
+        Some(other) => Err(format!("{other:?}")),
+        None => Err("no value".into()),
+    })
 }
 
 fn decode_input(input: InferInputTensor, raw: Option<Bytes>) -> Result<Tensor, Error> {

@@ -35,6 +35,10 @@ pub struct InferRequest {
     pub inputs: Vec<Tensor>,
     /// Requested output names; `None` = all of the model's outputs.
     pub outputs: Option<Vec<String>>,
+    /// The request's own deadline (Triton's `timeout` parameter, in
+    /// microseconds; 0 or absent: the model's): it may shorten the model's
+    /// `timeout`, never lengthen it.
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// The answer to one [`InferRequest`], independent of protocol.
@@ -167,6 +171,31 @@ fn check_input(t: &Tensor, spec: &TensorSpec) -> Result<(), Error> {
     Ok(())
 }
 
+/// Triton's schedule-policy parameters of a request, from their integer
+/// values (`None`: absent; `Err`: the value the client sent, for the
+/// message): `timeout` in microseconds (0: the model's), and `priority`,
+/// which must be a non-negative integer (accepted; batches are not yet
+/// ordered by it). A bad value is a 400 naming the parameter.
+pub(crate) fn schedule_params(
+    timeout: Option<Result<u64, String>>,
+    priority: Option<Result<u64, String>>,
+) -> Result<Option<std::time::Duration>, Error> {
+    let bad = |key: &str, got: &str| {
+        Error::invalid(format!(
+            "request: parameter `{key}` must be a non-negative integer{}, got {got}",
+            if key == "timeout" { " (microseconds)" } else { "" }
+        ))
+    };
+    if let Some(Err(got)) = &priority {
+        return Err(bad("priority", got));
+    }
+    match timeout {
+        None | Some(Ok(0)) => Ok(None),
+        Some(Ok(us)) => Ok(Some(std::time::Duration::from_micros(us))),
+        Some(Err(got)) => Err(bad("timeout", &got)),
+    }
+}
+
 /// Refuses a request that uses a parameter of an extension sluice does not
 /// serve (shared memory, classification); `keys` are the parameter names of
 /// the request, input or output that `what` names. The client asked for
@@ -228,6 +257,7 @@ mod tests {
     fn check(inputs: Vec<Tensor>, outputs: Option<Vec<&str>>) -> Result<InferRequest, Error> {
         let outputs = outputs.map(|o| o.into_iter().map(String::from).collect());
         let mut req = InferRequest {
+            timeout: None,
             id: None,
             inputs,
             outputs,

@@ -57,6 +57,7 @@ pub(super) fn decode(body: &[u8]) -> Option<InferRequest> {
         return None;
     }
     Some(InferRequest {
+        timeout: None,
         id,
         inputs: inputs?,
         outputs,

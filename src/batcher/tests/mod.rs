@@ -176,7 +176,7 @@ fn request(id: usize, rows: usize, width: usize) -> Tensor {
 /// Submits `x` now and returns `y` and the batch id.
 async fn infer(b: &Batcher, x: Tensor) -> Result<(Tensor, String), Error> {
     let (mut out, id) = b
-        .submit(vec![x], Some(&["y".to_string()]), Instant::now())
+        .submit(vec![x], Some(&["y".to_string()]), Instant::now(), None)
         .await?;
     assert_eq!(out.len(), 1, "one output asked for");
     Ok((out.pop().unwrap(), id.to_string()))
