@@ -389,7 +389,12 @@ mod tests {
     #[test]
     fn bytes_tensors_concat_slice_pad_and_crop_element_by_element() {
         let s = |shape: Vec<usize>, v: &[&str]| {
-            Tensor::new("s", shape, TensorData::Bytes(v.iter().map(|e| e.as_bytes()).collect())).unwrap()
+            Tensor::new(
+                "s",
+                shape,
+                TensorData::Bytes(v.iter().map(|e| e.as_bytes()).collect()),
+            )
+            .unwrap()
         };
         let a = s(vec![1, 2], &["ab", ""]);
         let b = s(vec![2, 1], &["c", "def"]);

@@ -28,7 +28,11 @@ async fn two_hundred_models_under_a_tenth_of_their_memory() {
     let driver = root().join("tests/clients/residency.py");
     let out = tempfile::tempdir().unwrap();
     let mut build = Command::new(&python);
-    build.arg(&driver).arg("build").arg(out.path()).args(["--models", "200"]);
+    build
+        .arg(&driver)
+        .arg("build")
+        .arg(out.path())
+        .args(["--models", "200"]);
     assert!(run(build).await.status.success(), "building the models failed");
 
     let s = TestServer::start_with(&out.path().join("repo"), |c| {
@@ -40,7 +44,10 @@ async fn two_hundred_models_under_a_tenth_of_their_memory() {
     assert_eq!(index.len(), 200);
     assert!(
         index.values().all(|e| e["state"] == "UNAVAILABLE"
-            && e["reason"].as_str().unwrap().contains("its next request loads it")),
+            && e["reason"]
+                .as_str()
+                .unwrap()
+                .contains("its next request loads it")),
         "on demand, nothing loads at start and the index says so: {:?}",
         index.values().next()
     );
@@ -55,9 +62,13 @@ async fn two_hundred_models_under_a_tenth_of_their_memory() {
         .args(["--seconds", "60", "--clients", "6", "--changes"]);
     let done = run(drive).await;
     let stdout = String::from_utf8_lossy(&done.stdout);
-    let summary: Value = serde_json::from_str(stdout.lines().last().expect("a summary")).expect("JSON summary");
+    let summary: Value =
+        serde_json::from_str(stdout.lines().last().expect("a summary")).expect("JSON summary");
     let answers = &summary["answers"];
-    assert!(done.status.success(), "wrong answers or undocumented errors: {answers}");
+    assert!(
+        done.status.success(),
+        "wrong answers or undocumented errors: {answers}"
+    );
     assert!(answers["ok"].as_u64().unwrap() > 1000, "{answers}");
     assert_eq!(answers.get("wrong"), None, "{summary}");
 
@@ -71,7 +82,10 @@ async fn two_hundred_models_under_a_tenth_of_their_memory() {
         used <= budget + largest,
         "charged {used} bytes, over the budget {budget} by more than one model ({largest})"
     );
-    assert!(summary["evictions"].as_f64().unwrap() > 0.0, "the working set did not fit: {summary}");
+    assert!(
+        summary["evictions"].as_f64().unwrap() > 0.0,
+        "the working set did not fit: {summary}"
+    );
 
     // Flat once warm: the last third of the run holds no more than the
     // middle third, within 10 % and 16 MiB.
@@ -81,13 +95,18 @@ async fn two_hundred_models_under_a_tenth_of_their_memory() {
         .iter()
         .map(|v| v.as_f64().unwrap())
         .collect();
-    assert!(rss[2] <= rss[1] * 1.1 + 16.0, "resident memory grew: {rss:?} MiB by third");
+    assert!(
+        rss[2] <= rss[1] * 1.1 + 16.0,
+        "resident memory grew: {rss:?} MiB by third"
+    );
 
     let events = summary["events"].as_array().unwrap();
     assert!(
         events.iter().any(|e| e == "added extra")
             && events.iter().any(|e| e.as_str().unwrap().starts_with("removed "))
-            && !events.iter().any(|e| e.as_str().unwrap().contains("still in the index")),
+            && !events
+                .iter()
+                .any(|e| e.as_str().unwrap().contains("still in the index")),
         "{events:?}"
     );
     s.stop().await.unwrap();

@@ -57,7 +57,10 @@ async fn a_request_timeout_shortens_the_models_and_never_lengthens_it() {
     let s = TestServer::start(r.path()).await;
     // The model allows a minute; the requests ask for 50 ms.
     let (ok, late) = flood(&s, "patient", json!({"timeout": 50_000}), "timeout of 50ms").await;
-    assert!(late >= 1, "20 runs of the slow model cannot all finish within 50 ms ({ok} did)");
+    assert!(
+        late >= 1,
+        "20 runs of the slow model cannot all finish within 50 ms ({ok} did)"
+    );
     // Without the parameter, the minute holds: every request is answered.
     let (ok, late) = flood(&s, "patient", json!({"priority": 0}), "-").await;
     assert_eq!((ok, late), (20, 0));
@@ -89,7 +92,10 @@ async fn bad_schedule_parameters_are_refused_naming_them() {
     let mut body = v2_body("x", &rows);
     body["parameters"] = json!({"sequence_start": true, "timeout": 0});
     let (status, _, answer) = post(&s.client, &url, &body).await;
-    assert_eq!((status, flat_f64(&answer["outputs"][0]["data"])), (200, doubled(&rows)));
+    assert_eq!(
+        (status, flat_f64(&answer["outputs"][0]["data"])),
+        (200, doubled(&rows))
+    );
 
     let mut grpc = client(&s).await;
     let int = |v: i64| InferParameter {
@@ -100,7 +106,10 @@ async fn bad_schedule_parameters_are_refused_naming_them() {
     let err = grpc.model_infer(req.clone()).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("`timeout`"), "{}", err.message());
-    req.parameters = HashMap::from([("timeout".to_string(), int(30_000_000)), ("priority".to_string(), int(1))]);
+    req.parameters = HashMap::from([
+        ("timeout".to_string(), int(30_000_000)),
+        ("priority".to_string(), int(1)),
+    ]);
     let answer = grpc.model_infer(req).await.unwrap().into_inner();
     assert_eq!(answer.outputs[0].name, "y");
     s.stop().await.unwrap();

@@ -54,7 +54,10 @@ impl Default for ResidencyConfig {
 impl ResidencyConfig {
     /// The section's problems, each naming its key.
     pub(super) fn validate(&self, errs: &mut Vec<String>) {
-        for (key, v) in [("host_bytes", self.host_bytes), ("device_bytes", self.device_bytes)] {
+        for (key, v) in [
+            ("host_bytes", self.host_bytes),
+            ("device_bytes", self.device_bytes),
+        ] {
             if v == Some(0) {
                 errs.push(format!(
                     "residency.{key} must be more than 0 bytes (leave it unset for no budget)"

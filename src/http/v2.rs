@@ -61,7 +61,10 @@ pub async fn model_metadata(
     State(state): State<AppState>,
     ApiPath(p): ApiPath<ModelPath>,
 ) -> Result<Json<ModelMetadata>, ApiError> {
-    let model = state.registry.serve(&p.name, p.version.as_deref(), Instant::now()).await?;
+    let model = state
+        .registry
+        .serve(&p.name, p.version.as_deref(), Instant::now())
+        .await?;
     Ok(Json(ModelMetadata::new(
         &model.name,
         model.version(),
@@ -127,7 +130,10 @@ async fn answer_infer(
         admission.check()?;
         let bytes = body?;
         let body_len = bytes.len();
-        let model = state.registry.serve(&p.name, p.version.as_deref(), arrival).await?;
+        let model = state
+            .registry
+            .serve(&p.name, p.version.as_deref(), arrival)
+            .await?;
         let header_length = headers.get(HEADER_LENGTH).map(|v| v.as_bytes().to_vec());
         // The body is freed once decoded (the tensors own their data).
         let decoded = super::decode_body(bytes, move |b| {
@@ -179,7 +185,10 @@ pub async fn model_config(
     State(state): State<AppState>,
     ApiPath(p): ApiPath<ModelPath>,
 ) -> Result<Json<ModelConfig>, ApiError> {
-    let model = state.registry.serve(&p.name, p.version.as_deref(), Instant::now()).await?;
+    let model = state
+        .registry
+        .serve(&p.name, p.version.as_deref(), Instant::now())
+        .await?;
     Ok(Json(model.config()))
 }
 

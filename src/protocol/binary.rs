@@ -193,12 +193,15 @@ mod tests {
             ]),
             TensorData::F32(vec![0.1, -2.5, f32::MAX, f32::MIN_POSITIVE]),
             TensorData::F64(vec![0.1, -2.5, f64::MAX, 1e-300]),
-            TensorData::Bytes(vec![
-                b"".to_vec(),
-                b"a".to_vec(),
-                "h\u{e9}llo".as_bytes().to_vec(),
-                vec![0, 255],
-            ].into()),
+            TensorData::Bytes(
+                vec![
+                    b"".to_vec(),
+                    b"a".to_vec(),
+                    "h\u{e9}llo".as_bytes().to_vec(),
+                    vec![0, 255],
+                ]
+                .into(),
+            ),
         ];
         for data in cases {
             let raw = encode(&data);

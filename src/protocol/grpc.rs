@@ -42,7 +42,10 @@ impl TryFrom<ModelInferRequest> for InferRequest {
     /// Decodes the wire request; [`super::validate`] then checks it against the model.
     fn try_from(req: ModelInferRequest) -> Result<Self, Error> {
         refuse_unsupported(&req.parameters, "request")?;
-        let timeout = super::schedule_params(int_param(&req.parameters, "timeout"), int_param(&req.parameters, "priority"))?;
+        let timeout = super::schedule_params(
+            int_param(&req.parameters, "timeout"),
+            int_param(&req.parameters, "priority"),
+        )?;
         let raw = req.raw_input_contents;
         if !raw.is_empty() && raw.len() != req.inputs.len() {
             return Err(Error::invalid(format!(

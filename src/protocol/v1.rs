@@ -253,7 +253,11 @@ mod tests {
     #[test]
     fn single_rank1_input_takes_scalars() {
         let req = decode(json!({"instances": ["a", "bc"]}), &single(DataType::Bytes, &[-1])).unwrap();
-        let want = tensor("x", &[2], TensorData::Bytes(vec![b"a".to_vec(), b"bc".to_vec()].into()));
+        let want = tensor(
+            "x",
+            &[2],
+            TensorData::Bytes(vec![b"a".to_vec(), b"bc".to_vec()].into()),
+        );
         assert_eq!(req.inputs, vec![want]);
         assert_eq!(req.rows(), 2);
     }

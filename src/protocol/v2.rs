@@ -233,7 +233,9 @@ impl TryFrom<InferenceRequest<'_>> for InferRequest {
 
 /// The request's `timeout` from its `parameters` (and its `priority`
 /// checked), as [`super::schedule_params`] reads them.
-pub(crate) fn schedule_timeout(params: Option<&Map<String, Value>>) -> Result<Option<std::time::Duration>, Error> {
+pub(crate) fn schedule_timeout(
+    params: Option<&Map<String, Value>>,
+) -> Result<Option<std::time::Duration>, Error> {
     let int = |key: &str| {
         let v = params?.get(key)?;
         Some(v.as_u64().ok_or_else(|| super::json::show(v)))

@@ -604,7 +604,11 @@ impl Repository {
         let version = handle.as_ref().and_then(|h| h.settings.version.clone());
         let cold = match handle {
             Some(_) => None,
-            None => self.tracked.values().find(|t| t.name == name).and_then(|t| t.cold.clone()),
+            None => self
+                .tracked
+                .values()
+                .find(|t| t.name == name)
+                .and_then(|t| t.cold.clone()),
         };
         self.registry.set(ModelEntry {
             name: name.to_string(),

@@ -162,7 +162,13 @@ impl Registry {
         }
         let (reply, rx) = oneshot::channel();
         let name_owned = name.to_string();
-        if demands.send(super::Command::Demand { name: name_owned, reply }).is_err() {
+        if demands
+            .send(super::Command::Demand {
+                name: name_owned,
+                reply,
+            })
+            .is_err()
+        {
             return Err(Error::ShuttingDown);
         }
         let started = Instant::now();

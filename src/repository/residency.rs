@@ -205,7 +205,10 @@ mod tests {
             }
         );
         let msg = err.message("big");
-        assert!(msg.contains("`big` needs about 50 bytes on cpu") && msg.contains("residency.host_bytes is 100"), "{msg}");
+        assert!(
+            msg.contains("`big` needs about 50 bytes on cpu") && msg.contains("residency.host_bytes is 100"),
+            "{msg}"
+        );
         // Bigger than the whole budget.
         assert!(plan(&cpu(100), &cpu(101), &[], now, Duration::ZERO).is_err());
     }

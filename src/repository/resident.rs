@@ -111,7 +111,11 @@ impl Repository {
         let mut ended = Vec::new();
         for &i in &evict {
             let victim = &loaded[i];
-            if let Some(done) = self.evict(&victim.name, victim.last_active, "evicted to make room for another model") {
+            if let Some(done) = self.evict(
+                &victim.name,
+                victim.last_active,
+                "evicted to make room for another model",
+            ) {
                 ended.push(done);
             }
         }
@@ -136,7 +140,10 @@ impl Repository {
         for (id, (b, a)) in before.iter().zip(after).enumerate() {
             let device = format!("cuda:{id}");
             let returned = b.saturating_sub(*a);
-            let charged: u64 = victims.iter().map(|v| v.charge.get(&device).copied().unwrap_or(0)).sum();
+            let charged: u64 = victims
+                .iter()
+                .map(|v| v.charge.get(&device).copied().unwrap_or(0))
+                .sum();
             tracing::debug!(device = %device, returned, charged, evicted = victims.len(), "device memory an eviction gave back");
             if returned == 0 || charged == 0 {
                 continue;
@@ -144,7 +151,9 @@ impl Repository {
             for v in victims {
                 let mine = v.charge.get(&device).copied().unwrap_or(0);
                 let share = (returned as u128 * mine as u128 / charged as u128) as u64;
-                let Some(t) = self.tracked.values_mut().find(|t| t.name == v.name) else { continue };
+                let Some(t) = self.tracked.values_mut().find(|t| t.name == v.name) else {
+                    continue;
+                };
                 if let Some((_, known)) = &mut t.known {
                     let k = known.entry(device.clone()).or_default();
                     *k = (*k).max(share);
@@ -160,8 +169,12 @@ impl Repository {
     /// leaves too little room, the new model goes back to disk (a pinned
     /// one stays, with a warning) and the refusal is returned.
     pub(super) fn trim(&mut self, folder: &str) -> Result<(), NoRoom> {
-        let Some(t) = self.tracked.get(folder) else { return Ok(()) };
-        let Some(need) = t.known.clone().map(|(_, c)| c) else { return Ok(()) };
+        let Some(t) = self.tracked.get(folder) else {
+            return Ok(());
+        };
+        let Some(need) = t.known.clone().map(|(_, c)| c) else {
+            return Ok(());
+        };
         let (name, last_active) = (t.name.clone(), Instant::now());
         let pinned = t.serving.as_ref().is_some_and(|(h, _)| self.pinned(&h.settings));
         let budgets = self.budgets(&need);
@@ -241,7 +254,9 @@ impl Repository {
     /// small budget from ever loading anything); for a GPU model, also the
     /// least any loaded model holds on each of its devices.
     fn estimate(&self, folder: &str, settings: &ModelSettings) -> Charge {
-        let Some(t) = self.tracked.get(folder) else { return Charge::new() };
+        let Some(t) = self.tracked.get(folder) else {
+            return Charge::new();
+        };
         let file = t.seen.file.as_ref().ok();
         if let (Some((stamp, known)), Some(file)) = (&t.known, file) {
             if stamp == file {
@@ -266,7 +281,11 @@ impl Repository {
         if settings.execution_provider != ExecutionProvider::Cpu {
             for id in &settings.device_ids {
                 let device = format!("cuda:{id}");
-                let least = self.loaded(None).iter().filter_map(|l| l.charge.get(&device).copied()).min();
+                let least = self
+                    .loaded(None)
+                    .iter()
+                    .filter_map(|l| l.charge.get(&device).copied())
+                    .min();
                 if let Some(least) = least {
                     need.insert(device, least.max(len));
                 }
@@ -325,7 +344,9 @@ impl Repository {
     /// estimate: the most any load of the same file measured (a load that
     /// reuses memory an evicted model freed shows less growth than it holds).
     pub(super) fn remember(&mut self, folder: &str, handle: &ModelHandle) {
-        let Some(t) = self.tracked.get_mut(folder) else { return };
+        let Some(t) = self.tracked.get_mut(folder) else {
+            return;
+        };
         let Ok(file) = t.seen.file.clone() else { return };
         let mut charge = charge_of(handle);
         if let Some((stamp, known)) = &t.known {

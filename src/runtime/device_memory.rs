@@ -50,7 +50,10 @@ fn open(name: &str) -> Option<Cudart> {
 /// indexed by device id; empty without a CUDA runtime or device. Blocking
 /// (the first call initialises CUDA): call it where a model loads.
 pub fn used_per_device() -> Vec<u64> {
-    info_per_device().into_iter().map(|(free, total)| total.saturating_sub(free)).collect()
+    info_per_device()
+        .into_iter()
+        .map(|(free, total)| total.saturating_sub(free))
+        .collect()
 }
 
 /// Each CUDA device's total memory, indexed by device id; empty without a

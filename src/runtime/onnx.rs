@@ -222,7 +222,10 @@ impl Runtime for OnnxRuntime {
             .and_then(|mut m| {
                 let x = Tensor::new("x", vec![1, 8], TensorData::F32(vec![0.5; 8]))?;
                 let (_, session) = m.sessions.first_mut().ok_or("no session")?;
-                session.run(&[x], &["y".into()]).map(drop).map_err(|e| e.to_string())
+                session
+                    .run(&[x], &["y".into()])
+                    .map(drop)
+                    .map_err(|e| e.to_string())
             });
         let _ = std::fs::remove_file(&path);
         if let Err(e) = primed {

@@ -93,7 +93,13 @@ fn place(dst: &mut TensorData, src: &TensorData, src_shape: &[usize], dst_shape:
         // Strings cannot be overwritten in place: rebuild them as owned
         // elements (padded string inputs are rare and small).
         let mut owned: Vec<&[u8]> = a.iter().collect();
-        typed(&mut owned, &b.iter().collect::<Vec<_>>(), src_shape, dst_shape, row);
+        typed(
+            &mut owned,
+            &b.iter().collect::<Vec<_>>(),
+            src_shape,
+            dst_shape,
+            row,
+        );
         *a = owned.into_iter().collect();
         return;
     }

@@ -78,7 +78,8 @@ impl Strings {
         let to = other.ends[range.end - 1];
         let base = self.bytes.len();
         self.bytes.extend_from_slice(&other.bytes[from..to]);
-        self.ends.extend(other.ends[range].iter().map(|&e| e - from + base));
+        self.ends
+            .extend(other.ends[range].iter().map(|&e| e - from + base));
     }
 
     /// Appends every element of `other`.

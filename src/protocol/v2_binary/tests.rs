@@ -230,13 +230,14 @@ fn binary_outputs_follow_the_json_header() {
 
 #[test]
 fn schedule_parameters_are_read_and_bad_values_named() {
-    let req = |params: Value| {
-        json!({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}], "parameters": params})
-    };
+    let req = |params: Value| json!({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}], "parameters": params});
     let timeout = |params: Value| decode(req(params), &[]).map(|d| d.request.timeout);
     // Table: parameters → the request's timeout.
     for (params, want) in [
-        (json!({"timeout": 1500}), Some(std::time::Duration::from_micros(1500))),
+        (
+            json!({"timeout": 1500}),
+            Some(std::time::Duration::from_micros(1500)),
+        ),
         (json!({"timeout": 0}), None),
         (json!({"priority": 2}), None),
         (json!({"sequence_id": 7}), None),
@@ -244,9 +245,15 @@ fn schedule_parameters_are_read_and_bad_values_named() {
         assert_eq!(timeout(params.clone()).unwrap(), want, "{params}");
     }
     for (params, named) in [
-        (json!({"timeout": -1}), "`timeout` must be a non-negative integer (microseconds), got -1"),
+        (
+            json!({"timeout": -1}),
+            "`timeout` must be a non-negative integer (microseconds), got -1",
+        ),
         (json!({"timeout": 2.5}), "`timeout`"),
-        (json!({"priority": "high"}), "`priority` must be a non-negative integer, got \"high\""),
+        (
+            json!({"priority": "high"}),
+            "`priority` must be a non-negative integer, got \"high\"",
+        ),
     ] {
         let m = invalid(decode(req(params.clone()), &[]));
         assert!(m.contains(named), "{params}: {m}");

@@ -100,10 +100,17 @@ impl Fixture {
 async fn on_demand_loads_and_evicts_the_least_recently_used() {
     let file = |k: u32| format!("k={k} bytes={}", 4 * GB);
     let (a, b, c) = (file(2), file(3), file(4));
-    let f = start(&[("a", &a), ("b", &b), ("c", &c)], budget(ResidencyMode::OnDemand, 10)).await;
+    let f = start(
+        &[("a", &a), ("b", &b), ("c", &c)],
+        budget(ResidencyMode::OnDemand, 10),
+    )
+    .await;
     assert_eq!(f.loads(), 0, "nothing loads at start");
     assert_eq!(f.state("a"), ModelState::OnDisk);
-    assert!(f.repo.registry().servable("a", None).is_ok(), "its model readiness says it serves");
+    assert!(
+        f.repo.registry().servable("a", None).is_ok(),
+        "its model readiness says it serves"
+    );
 
     // Table: the model asked for → its answer, loads so far, resident after.
     let rows: [(&str, f32, usize, &[&str]); 5] = [
@@ -127,7 +134,13 @@ async fn a_busy_model_is_not_evicted() {
     let slow = format!("k=2 bytes={} run_ms=400", 4 * GB);
     let quick = |k: u32| format!("k={k} bytes={}", 4 * GB);
     let (b, c) = (quick(3), quick(4));
-    let f = Arc::new(start(&[("a", &slow), ("b", &b), ("c", &c)], budget(ResidencyMode::OnDemand, 10)).await);
+    let f = Arc::new(
+        start(
+            &[("a", &slow), ("b", &b), ("c", &c)],
+            budget(ResidencyMode::OnDemand, 10),
+        )
+        .await,
+    );
     // `a` is the least recently used (its request began first) but busy
     // for 400 ms when `c` needs room: `b` goes.
     let busy = {
@@ -138,7 +151,11 @@ async fn a_busy_model_is_not_evicted() {
     f.ask("b").await.unwrap();
     assert_eq!(f.resident(), ["a", "b"]);
     assert_eq!(f.ask("c").await.unwrap(), 4.0);
-    assert_eq!(f.resident(), ["a", "c"], "`b` went although `a` was used less recently");
+    assert_eq!(
+        f.resident(),
+        ["a", "c"],
+        "`b` went although `a` was used less recently"
+    );
     assert_eq!(busy.await.unwrap().unwrap(), 2.0);
 }
 
@@ -165,7 +182,11 @@ async fn a_model_that_cannot_fit_is_refused_and_evicts_nothing() {
         format!("k=3 bytes={}", 4 * GB),
         format!("k=4 bytes={}", 7 * GB),
     );
-    let f = start(&[("a", &small), ("p", &pinned), ("big", &big)], budget(ResidencyMode::OnDemand, 10)).await;
+    let f = start(
+        &[("a", &small), ("p", &pinned), ("big", &big)],
+        budget(ResidencyMode::OnDemand, 10),
+    )
+    .await;
     std::fs::write(f.dir.path().join("p/model-settings.json"), r#"{"pinned": true}"#).unwrap();
     f.repo.rescan();
     let t0 = Instant::now();
@@ -191,14 +212,22 @@ async fn a_model_that_cannot_fit_is_refused_and_evicts_nothing() {
             "{msg}"
         );
         assert_eq!(f.loads(), loads);
-        assert_eq!(f.resident(), ["a", "p"], "nothing was evicted for a load that could not fit");
+        assert_eq!(
+            f.resident(),
+            ["a", "p"],
+            "nothing was evicted for a load that could not fit"
+        );
         assert_eq!(f.state("big"), ModelState::OnDisk, "it stays loadable");
     }
 }
 
 #[tokio::test]
 async fn a_change_to_a_model_on_disk_applies_at_its_next_load() {
-    let f = start(&[("a", &format!("k=2 bytes={GB}"))], budget(ResidencyMode::OnDemand, 10)).await;
+    let f = start(
+        &[("a", &format!("k=2 bytes={GB}"))],
+        budget(ResidencyMode::OnDemand, 10),
+    )
+    .await;
     std::fs::write(f.dir.path().join("a/model.onnx"), format!("k=5 bytes={GB}")).unwrap();
     f.repo.rescan();
     // A rescan is a command like a request's load: once a request is
@@ -211,7 +240,11 @@ async fn a_change_to_a_model_on_disk_applies_at_its_next_load() {
 async fn eager_loads_while_the_budget_holds_and_the_rest_on_demand() {
     let file = |k: u32| format!("k={k} bytes={}", 4 * GB);
     let (a, b, c) = (file(2), file(3), file(4));
-    let f = start(&[("a", &a), ("b", &b), ("c", &c)], budget(ResidencyMode::Eager, 10)).await;
+    let f = start(
+        &[("a", &a), ("b", &b), ("c", &c)],
+        budget(ResidencyMode::Eager, 10),
+    )
+    .await;
     // `c` is guessed at what `a` and `b` hold: it does not fit beside them.
     assert_eq!(f.loads(), 2);
     assert_eq!(f.resident(), ["a", "b"]);
@@ -225,7 +258,11 @@ async fn eager_loads_while_the_budget_holds_and_the_rest_on_demand() {
 async fn the_api_loads_a_model_on_disk_and_an_unloaded_one_stays_unloaded() {
     let file = |k: u32| format!("k={k} bytes={}", 4 * GB);
     let (a, b, c) = (file(2), file(3), file(4));
-    let f = start(&[("a", &a), ("b", &b), ("c", &c)], budget(ResidencyMode::OnDemand, 10)).await;
+    let f = start(
+        &[("a", &a), ("b", &b), ("c", &c)],
+        budget(ResidencyMode::OnDemand, 10),
+    )
+    .await;
     f.ask("a").await.unwrap();
     f.ask("b").await.unwrap();
     // An API load makes room as a request's load does.
@@ -235,7 +272,10 @@ async fn the_api_loads_a_model_on_disk_and_an_unloaded_one_stays_unloaded() {
     f.repo.unload("b").await.unwrap();
     let err = f.ask("b").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::ModelNotReady, "{err}");
-    assert!(err.to_string().contains("unloaded through the repository API"), "{err}");
+    assert!(
+        err.to_string().contains("unloaded through the repository API"),
+        "{err}"
+    );
     assert_eq!(f.loads(), 3);
     // Until the API loads it again.
     f.repo.load("b").await.unwrap();
@@ -244,7 +284,11 @@ async fn the_api_loads_a_model_on_disk_and_an_unloaded_one_stays_unloaded() {
 
 #[tokio::test]
 async fn a_removed_folder_is_forgotten_and_a_new_one_rests_until_asked() {
-    let f = start(&[("a", &format!("k=2 bytes={GB}"))], budget(ResidencyMode::OnDemand, 10)).await;
+    let f = start(
+        &[("a", &format!("k=2 bytes={GB}"))],
+        budget(ResidencyMode::OnDemand, 10),
+    )
+    .await;
     std::fs::remove_dir_all(f.dir.path().join("a")).unwrap();
     std::fs::create_dir(f.dir.path().join("n")).unwrap();
     std::fs::write(f.dir.path().join("n/model.onnx"), format!("k=7 bytes={GB}")).unwrap();
@@ -284,5 +328,8 @@ async fn pinned_models_are_loaded_when_the_start_up_scan_ends() {
     loaded.await.unwrap().unwrap();
     let state = |n: &str| repo.registry().get(n).unwrap().state;
     assert_eq!((state("p"), state("a")), (ModelState::Ready, ModelState::OnDisk));
-    assert!(repo.registry().meets(&crate::repository::ReadyRule::Strict), "a model on disk is not a failure");
+    assert!(
+        repo.registry().meets(&crate::repository::ReadyRule::Strict),
+        "a model on disk is not a failure"
+    );
 }
