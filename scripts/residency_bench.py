@@ -3,12 +3,14 @@
 model resident, then against a host budget that holds a fraction of them.
 
     .venv-clients/bin/python scripts/residency_bench.py BINARY
-        [--models 200] [--fraction 0.1] [--zipf 1.1] [--seconds 60] [--clients 6]
+        [--models 200] [--fraction 0.1] [--zipf 1.1] [--seconds 60] [--clients 6] [--rate 0]
 
 BINARY: a release build. Run 1 serves every model (eager, no budget) and
 sums what they hold (`sluice_model_memory_bytes`, cpu); run 2 serves them
 on demand under `residency.host_bytes` = fraction × that sum. Both runs get
-the same requests (tests/clients/residency.py drive, same seed). Prints
+the same requests (tests/clients/residency.py drive, same seed); with
+--rate, both runs are offered the same requests per second (open loop),
+so the hits' latencies compare at the same load. Prints
 one line per run: requests/s, hit ratio, p50/p99 of hits and of cold
 requests (ms), loads/s, evictions, peak charged bytes ÷ budget, RSS; then
 the ratio of the hits' p99 to run 1's p99.
@@ -45,7 +47,8 @@ def serve(binary, repo, env):
 
 def drive(out, pid, args):
     cmd = [sys.executable, DRIVER, "drive", out, "--http", f"127.0.0.1:{HTTP}", "--grpc", f"127.0.0.1:{GRPC}",
-           "--pid", str(pid), "--seconds", str(args.seconds), "--clients", str(args.clients), "--zipf", str(args.zipf)]
+           "--pid", str(pid), "--seconds", str(args.seconds), "--clients", str(args.clients), "--zipf", str(args.zipf),
+           "--rate", str(args.rate)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"the driver failed:\n{r.stdout}\n{r.stderr[-2000:]}")
@@ -65,6 +68,8 @@ def main():
     p.add_argument("--zipf", type=float, default=1.1)
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--clients", type=int, default=6)
+    p.add_argument("--rate", type=float, default=0,
+                   help="open loop at this many requests/s (use more --clients); 0: closed loop")
     args = p.parse_args()
     out = tempfile.mkdtemp()
     subprocess.run([sys.executable, DRIVER, "build", out, "--models", str(args.models)], check=True, capture_output=True)
@@ -82,8 +87,9 @@ def main():
     server.terminate()
     server.wait()
 
+    offered = f"open loop at {args.rate:.0f} req/s" if args.rate else "closed loop"
     print(f"{args.models} models holding {total / 2**20:.0f} MiB, budget {budget / 2**20:.0f} MiB "
-          f"({args.fraction}), zipf {args.zipf}, {args.clients} clients, {args.seconds:.0f} s per run")
+          f"({args.fraction}), zipf {args.zipf}, {args.clients} clients, {offered}, {args.seconds:.0f} s per run")
     print("run          req/s  hit ratio  hit p50/p99 ms   cold p50/p99 ms  loads/s  evictions  peak/budget  RSS MiB")
     for name, r in (("all resident", resident), ("budgeted", budgeted)):
         hp, cp = r["hit_ms_p50_p99"], r["cold_ms_p50_p99"]

@@ -5,7 +5,7 @@
         OUT/repo/mNNN/: y = x @ (k I_d), x FP32[-1, d], k = NNN + 1, d one of
         128, 256, 512, 1024 (weights of 64 KiB to 4 MiB); OUT/models.json.
     residency.py drive OUT --http H:P --grpc H:P --pid PID --seconds S
-                   [--clients 6] [--zipf 1.1] [--changes] [--seed 1]
+                   [--clients 6] [--zipf 1.1] [--changes] [--seed 1] [--rate R]
         Zipf-distributed requests from several clients over V2 JSON, the
         binary extension, gRPC and V1 (--protos picks some); every answer must be k·x exactly (small
         integers). With --changes: settings edits every 2 s, a folder added at
@@ -20,6 +20,7 @@ import argparse
 import http.client
 import json
 import os
+import queue
 import random
 import re
 import shutil
@@ -169,7 +170,10 @@ def documented(f):
     return unavailable and ("residency." in f.message or "overloaded" in f.message)
 
 
-def client(i, args, traffic, stop, tally, latencies):
+def client(i, args, traffic, stop, tally, latencies, jobs=None):
+    """Sends requests back to back, or, with `jobs` (open loop), one per
+    scheduled time taken from it; a latency counts from the scheduled time,
+    so a request that waited for a free client is not flattered."""
     protos = args.protos.split(",")
     rng = np.random.default_rng(args.seed * 1000 + i)
     host, port = args.http.split(":")
@@ -184,12 +188,18 @@ def client(i, args, traffic, stop, tally, latencies):
         clients["grpc"] = g.InferenceServerClient(args.grpc)
     n = 0
     while not stop.is_set():
+        scheduled = None
+        if jobs is not None:
+            try:
+                scheduled = jobs.get(timeout=0.1)
+            except queue.Empty:
+                continue
         model = traffic.pick(rng)
         proto = protos[(i + n) % len(protos)]
         n += 1
         rows = int(rng.integers(1, 4))
         x = rng.integers(-8, 9, size=(rows, model["d"])).astype(np.float32)
-        t0 = time.monotonic()
+        t0 = scheduled if scheduled is not None else time.monotonic()
         try:
             y = infer(proto, clients, model, x)
         except Failure as f:
@@ -207,6 +217,18 @@ def client(i, args, traffic, stop, tally, latencies):
             tally["ok" if ok else "wrong"] = tally.get("ok" if ok else "wrong", 0) + 1
             if not ok and "first_wrong" not in tally:
                 tally["first_wrong"] = f"{model['name']} over {proto}: {y.ravel()[:4]} for {x.ravel()[:4]}"
+
+
+def dispatch(rate, stop, jobs):
+    """Open loop: schedules requests at `rate` per second (Poisson arrivals)."""
+    rng = random.Random(7)
+    due = time.monotonic()
+    while not stop.is_set():
+        due += rng.expovariate(rate)
+        delay = due - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        jobs.put(due)
 
 
 def mutate(args, traffic, stop, events):
@@ -256,10 +278,13 @@ def drive(args):
     stop = threading.Event()
     tally = {"lock": threading.Lock()}
     latencies, samples, events = [], [], []
+    jobs = queue.Queue() if args.rate else None
     threads = [
-        threading.Thread(target=client, args=(i, args, traffic, stop, tally, latencies), daemon=True)
+        threading.Thread(target=client, args=(i, args, traffic, stop, tally, latencies, jobs), daemon=True)
         for i in range(args.clients)
     ]
+    if jobs is not None:
+        threads.append(threading.Thread(target=dispatch, args=(args.rate, stop, jobs), daemon=True))
     if args.changes:
         threads.append(threading.Thread(target=mutate, args=(args, traffic, stop, events), daemon=True))
     t0 = time.monotonic()
@@ -334,6 +359,8 @@ def main():
     d.add_argument("--zipf", type=float, default=1.1)
     d.add_argument("--changes", action="store_true")
     d.add_argument("--seed", type=int, default=1)
+    d.add_argument("--rate", type=float, default=0,
+                   help="open loop: requests per second, Poisson arrivals (0: each client back to back)")
     d.add_argument("--device", default="cpu", help="whose residency gauges to sample: cpu, cuda:0, ...")
     d.add_argument("--protos", default="json,binary,grpc,v1", help="comma-separated: json, binary, grpc, v1")
     args = p.parse_args()
