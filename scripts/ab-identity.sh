@@ -14,8 +14,8 @@
 #   --mlp:    the requests go to `mlp` instead: one row of 784 random FP32
 #             values (each printed as the shortest text of its f64, keys
 #             sorted, as the request-path bench's serde_json body), 15 KB.
-#   e.g. cargo build --release && cp target/release/sluice /tmp/a
-#        cargo build --release --features mimalloc && cp target/release/sluice /tmp/b
+#   e.g. git stash && cargo build --release && cp target/release/sluice /tmp/a
+#        git stash pop && cargo build --release && cp target/release/sluice /tmp/b
 #        scripts/ab-identity.sh 64 4 3 /tmp/a /tmp/b
 # Needs: wrk (Debian's `wrk`), curl; ONNX Runtime as for `sluice serve`.
 set -euo pipefail

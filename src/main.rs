@@ -1,33 +1,6 @@
 //! The `sluice` binary: parses the command line, loads the configuration,
 //! sets up logging and ONNX Runtime, and hands over to `sluice::Server`.
 
-#[cfg(feature = "mimalloc")]
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// mimalloc's tuning (`--features mimalloc`). The options set here
-/// act only after the first arena, which mimalloc commits before `main`; set
-/// MIMALLOC_ARENA_EAGER_COMMIT=0 MIMALLOC_PURGE_DELAY=0 in the environment to
-/// cover it. The side-by-side figures against glibc's malloc are in
-/// benches/README.md, "Allocator".
-#[cfg(feature = "mimalloc")]
-mod allocator {
-    /// mimalloc v3's option numbers (`mi_option_e` in its `mimalloc.h`;
-    /// `tests::option_numbers_are_mimallocs` checks them by their defaults).
-    pub const ARENA_EAGER_COMMIT: i32 = 4;
-    pub const PURGE_DELAY: i32 = 15;
-
-    /// Commits arena memory when used, not when reserved, and returns freed
-    /// pages to the OS at once instead of a second later.
-    pub fn tune() {
-        // SAFETY: mi_option_set only stores an integer option; valid at any time.
-        unsafe {
-            libmimalloc_sys::mi_option_set(ARENA_EAGER_COMMIT, 0);
-            libmimalloc_sys::mi_option_set(PURGE_DELAY, 0);
-        }
-    }
-}
-
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -102,8 +75,6 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    #[cfg(feature = "mimalloc")]
-    allocator::tune();
     let cli = Cli::parse();
     match cli.command {
         Command::Serve {
@@ -455,25 +426,6 @@ fn dims(t: &sluice::tensor::TensorSpec) -> String {
 
 #[cfg(test)]
 mod tests {
-
-    #[cfg(feature = "mimalloc")]
-    #[test]
-    fn option_numbers_are_mimallocs() {
-        use super::allocator::{ARENA_EAGER_COMMIT, PURGE_DELAY};
-        // Their defaults in the bundled source (src/options.c): arena_eager_commit 2, purge_delay 1000 ms.
-        // SAFETY: mi_option_get only reads an integer option.
-        let (eager, purge) = unsafe {
-            (
-                libmimalloc_sys::mi_option_get(ARENA_EAGER_COMMIT),
-                libmimalloc_sys::mi_option_get(PURGE_DELAY),
-            )
-        };
-        assert_eq!(
-            (eager, purge),
-            (2, 1000),
-            "mimalloc's option numbers moved: check mi_option_e"
-        );
-    }
 
     use super::log_filter;
 
