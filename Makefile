@@ -25,7 +25,7 @@ test: setup test-clients
 bench: setup
 	cargo bench --bench serving
 
-## bench-request-path: issue 11's request-path figures next to their goals (benches/README.md)
+## bench-request-path: the request-path figures next to their goals (benches/README.md)
 bench-request-path: setup
 	cargo bench --bench request_path
 

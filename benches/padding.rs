@@ -1,4 +1,4 @@
-//! Padding benchmark (issue 12): `cargo bench --bench padding`.
+//! Padding benchmark: `cargo bench --bench padding`.
 //! See `benches/README.md` (Padding) for the columns and the environment variables.
 //!
 //! All in this process, on the real all-MiniLM-L6-v2 int8 file

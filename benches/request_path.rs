@@ -1,4 +1,4 @@
-//! The request path at the hardware limit (issue 11): `cargo bench --bench request_path`.
+//! The request path at the hardware limit: `cargo bench --bench request_path`.
 //! See `benches/README.md` (Request path) for the figures and the variables.
 //!
 //! It asserts nothing: it measures each figure of the issue's goals table in
@@ -274,7 +274,7 @@ struct Setup {
 
 fn report(opts: &Opts, c: &Setup, phases: &[Phase], rounds: &[Round]) -> String {
     let mut o = String::new();
-    let _ = writeln!(o, "## sluice request-path benchmark (issue 11)\n");
+    let _ = writeln!(o, "## sluice request-path benchmark\n");
     let _ = writeln!(o, "Command: `{}`\n", common::command_line("request_path"));
     let _ = writeln!(
         o,

@@ -1,4 +1,4 @@
-//! End-to-end serving benchmark (issue 3): `cargo bench --bench serving`.
+//! End-to-end serving benchmark: `cargo bench --bench serving`.
 //! See `benches/README.md` for the environment variables and the columns.
 //!
 //! It asserts nothing and is not a timed test: it measures, on this machine,

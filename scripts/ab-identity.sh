@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Side-by-side server CPU per request of two or more sluice binaries (issue 11's
-# A/B runs: allocators, metric handles, AppState): each binary in turn serves
+# Side-by-side server CPU per request of two or more sluice binaries (the
+# request path's A/B runs, benches/README.md): each binary in turn serves
 # `identity` (tests/fixtures/models/identity) and `mlp` on the built-in
 # defaults, `wrk` sends one 16-float V2 JSON request per call on CONNS
 # keep-alive connections, and the server's CPU comes from /proc/<pid>/stat over

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How much can any batching of the padding bench's requests gain on this machine?
 
-Issue 12 asks padding on to serve 1.3x the sequences/s of padding off. The
+The padding goal is 1.3x the sequences/s of padding off (benches/README.md, Padding). The
 served figure cannot beat raw ONNX Runtime on the batches it ran, so this
 script measures the ceiling: raw ONNX Runtime (Python `onnxruntime`, the
 server's session options: 2 intra-op threads, spinning off, all graph

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What one large JSON body costs the server (issue 10, defect 3).
+"""What one large JSON body costs the server (README, "Slow clients, connections and memory").
 
 Starts a release `sluice` on a temporary copy of `digits`, then, while a
 light client keeps sending one-row requests, posts one V2 JSON body of

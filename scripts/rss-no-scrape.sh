@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # RSS of a sluice server under steady inference load while nobody scrapes
-# /metrics (issue 10, defect 4: the recorder's histogram buffers grew ~75 bytes
-# a request until a scrape drained them).
+# /metrics (the recorder's histogram buffers once grew ~75 bytes a request
+# until a scrape drained them; the upkeep task frees them now).
 #
 #   scripts/rss-no-scrape.sh [BINARY] [MINUTES]     (defaults: target/release/sluice, 10)
 #

@@ -19,7 +19,8 @@ many slow connections could be opened, and how many the server has closed.
 
 Python standard library only. The script raises its own open-file limit to
 the hard one; start the server under `ulimit -n 1024` (say) to reproduce the
-descriptor exhaustion of issue 10.
+descriptor exhaustion that the connection cap prevents (README, "Slow clients,
+connections and memory").
 """
 
 import argparse

@@ -1,4 +1,4 @@
-//! Who may do what (issue: a protected control plane). Two scopes:
+//! Who may do what (README, "Access (threat model)"). Two scopes:
 //! inference (every model endpoint: infer, predict, metadata, config,
 //! statistics, the repository index) and control (repository load and
 //! unload). Control through the API is off unless the operator turns it on

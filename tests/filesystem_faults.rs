@@ -1,5 +1,5 @@
-//! What a filesystem does cannot hang or silently break the server (issue
-//! 10, defects 1, 2 and 7), end to end against real ONNX Runtime: model
+//! What a filesystem does cannot hang or silently break the server (SPEC
+//! §3, §7), end to end against real ONNX Runtime: model
 //! files that never end (a FIFO, `/dev/zero` through a symlink), a settings
 //! file that is a FIFO, a serving model whose file turns into a FIFO, the
 //! repository root moved away and back, and settings or folders that cannot

@@ -1,4 +1,4 @@
-//! Issue 10, defect 9: when the grace period ends with batches still running
+//! Shutdown (SPEC §11): when the grace period ends with batches still running
 //! inside ONNX Runtime, they are cancelled and waited for, and the process
 //! exits 0 without a runtime error. Before, the process exited under the
 //! running session, and ONNX Runtime logged `ERROR ort::logging: Non-zero

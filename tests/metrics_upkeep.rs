@@ -1,7 +1,7 @@
 //! The Prometheus recorder keeps every histogram sample in a buffer until
 //! its upkeep drains it; sluice renders `/metrics` itself, so unless the
 //! server runs the upkeep, memory grows with traffic on a server that nobody
-//! scrapes (issue 10, defect 4: about 75 bytes a request). This binary counts
+//! scrapes (about 75 bytes a request; README, "Metrics"). This binary counts
 //! the bytes the process holds (its own global allocator) and checks that
 //! samples recorded while nobody scrapes are freed.
 

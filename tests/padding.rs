@@ -1,4 +1,4 @@
-//! Padding end to end (issue 12) on the real all-MiniLM-L6-v2 int8 file
+//! Padding end to end (README, "Padding") on the real all-MiniLM-L6-v2 int8 file
 //! (`scripts/fetch-minilm.sh`) and real ONNX Runtime: requests of mixed
 //! lengths share batches over every protocol, and each answer equals Python
 //! ONNX Runtime run on that request alone, with no padding.

@@ -1,4 +1,4 @@
-//! Shutdown (SPEC §4, §11; issue 10, defect 10): from the moment it begins,
+//! Shutdown (SPEC §4, §11): from the moment it begins,
 //! the HTTP port keeps answering: readiness 503, liveness 200, new inference
 //! 503 with a JSON error, while the requests accepted before are answered;
 //! then the server exits. Nothing here depends on timing: the request that

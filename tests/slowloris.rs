@@ -1,4 +1,4 @@
-//! Slow clients (issue 10, defect 5): a client that sends its headers or its
+//! Slow clients (README, "Slow clients, connections and memory"): a client that sends its headers or its
 //! body slowly, or idles, is closed or answered 408 in bounded time; at the
 //! connection limit, the connection quiet for the longest makes room for a
 //! fresh client, and when every connection has a request running a new one

@@ -1,4 +1,4 @@
-//! TLS on both ports (issue 13): certificates made here with `rcgen`, laid
+//! TLS on both ports (README, "Deploy"): certificates made here with `rcgen`, laid
 //! out as Kubernetes projects a Secret (`tls.crt -> ..data/tls.crt`, rotated
 //! by swapping the `..data` symlink, as the kubelet does for cert-manager).
 //! HTTPS and gRPC over TLS answer; plain clients are refused; a rotation is
