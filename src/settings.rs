@@ -95,6 +95,11 @@ pub struct BatchSettings {
     /// `None`: the default for the device the model runs on, which its batcher
     /// fills in ([`BatchSettings::on_device`]).
     pub max_padding_ratio: Option<Fraction>,
+    /// Priority levels a request may ask for (`priority_levels`, Triton's queue policy):
+    /// 1 is the highest; 0 turns priorities off (every request is equal).
+    pub priority_levels: u32,
+    /// The level of a request that names none (`default_priority`, 1 to `priority_levels`).
+    pub default_priority: u32,
 }
 
 impl BatchSettings {
@@ -295,7 +300,7 @@ pub fn validate_model_name(name: &str) -> Result<(), String> {
 
 /// The known fields of each object, space-separated.
 const TOP: &str = "name parameters max_batch_size max_batch_time batch_policy max_queue_size timeout \
-                   instances execution_provider device_ids intra_op_threads warmup pinned cuda batcher \
+                   instances execution_provider device_ids intra_op_threads warmup pinned cuda batcher priority_levels default_priority \
                    padding max_batch_tokens max_padding_ratio batch_axes inputs outputs implementation parallel_workers warm_workers platform versions cache_enabled";
 const PARAMETERS: &str = "uri version content_type format extra";
 const BATCHER: &str = "maxBatchSize maxLatency timeout";
@@ -349,6 +354,19 @@ impl ModelSettings {
         let policy = get(top, "batch_policy").and_then(|v| w.choice(v, "batch_policy", POLICIES, false));
         let max_queue_size =
             get(top, "max_queue_size").and_then(|v| w.int(v, "max_queue_size", 1, 1_000_000));
+        let priority_levels = get(top, "priority_levels").and_then(|v| w.int(v, "priority_levels", 0, 1000));
+        let levels = priority_levels.unwrap_or(0);
+        let default_priority = match get(top, "default_priority") {
+            None => (levels > 0).then_some(levels),
+            Some(_) if levels == 0 => {
+                w.problems.push(
+                    "`default_priority` is set but `priority_levels` is not; set `priority_levels` (1 is the highest level)"
+                        .into(),
+                );
+                None
+            }
+            Some(v) => w.int(v, "default_priority", 1, levels),
+        };
         let instances = get(top, "instances").and_then(|v| w.int(v, "instances", 1, 64));
         let provider =
             get(top, "execution_provider").and_then(|v| w.choice(v, "execution_provider", PROVIDERS, false));
@@ -402,6 +420,8 @@ impl ModelSettings {
                 max_batch_tokens,
                 max_padding_ratio: max_padding_ratio
                     .map(|x| Fraction::new(x).expect("checked to be from 0 to 1")),
+                priority_levels: levels as u32,
+                default_priority: default_priority.unwrap_or(0) as u32,
             },
             instances: instances.map_or(defaults.instances, |n| n as usize),
             execution_provider: provider.unwrap_or(defaults.execution_provider),

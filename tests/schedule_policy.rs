@@ -1,7 +1,8 @@
 //! Triton's per-request schedule-policy parameters (README, "Deadlines per
 //! request"): `timeout` (microseconds) shortens the model's timeout and
-//! never lengthens it, over REST and gRPC; a bad `timeout` or `priority`
-//! is a 400 (INVALID_ARGUMENT) naming the parameter. The slow fixture
+//! never lengthens it, over REST and gRPC; `priority` puts a request ahead
+//! of lower levels in its model's queue; a bad `timeout` or `priority` is
+//! a 400 (INVALID_ARGUMENT) naming the parameter. The slow fixture
 //! takes tens of milliseconds a run, so 20 requests run one at a time
 //! cannot all finish within 50 ms.
 
@@ -112,5 +113,61 @@ async fn bad_schedule_parameters_are_refused_naming_them() {
     ]);
     let answer = grpc.model_infer(req).await.unwrap().into_inner();
     assert_eq!(answer.outputs[0].name, "y");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_higher_priority_request_jumps_a_flood_of_lower_ones() {
+    let settings = r#"{"max_batch_size": 1, "timeout": 60, "priority_levels": 2, "default_priority": 2}"#;
+    let r = repo(&[("slow", "ranked", settings)]);
+    let s = TestServer::start(r.path()).await;
+    let url = s.url("/v2/models/ranked/infer");
+    let send = |id: usize, params: serde_json::Value| {
+        let rows = vec![vec![id as f64, 0.0, 1.0, 2.0]];
+        let mut body = v2_body("x", &rows);
+        body["parameters"] = params;
+        let (client, url) = (s.client.clone(), url.clone());
+        tokio::spawn(async move {
+            let (status, _, answer) = post(&client, &url, &body).await;
+            assert_eq!(
+                (status, flat_f64(&answer["outputs"][0]["data"])),
+                (200, doubled(&rows))
+            );
+            std::time::Instant::now()
+        })
+    };
+    // Twenty requests at the default (lowest) level queue up one behind another...
+    let low: Vec<_> = (0..20).map(|id| send(id, json!({}))).collect();
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    // ...then one asks for level 1.
+    let sent = std::time::Instant::now();
+    let high = send(99, json!({"priority": 1})).await.unwrap();
+    let (mut waiting, mut after) = (0, 0);
+    for l in low {
+        let done = l.await.unwrap();
+        waiting += usize::from(done > sent);
+        after += usize::from(done > high);
+    }
+    // Of the lower requests still waiting when it came, at most the ones
+    // already handed to the session (running, or next) go first.
+    assert!(
+        waiting >= 8,
+        "the flood drained too fast to tell ({waiting} waiting)"
+    );
+    assert!(
+        after + 2 >= waiting,
+        "only {after} of the {waiting} lower requests waiting finished after the level-1 one"
+    );
+
+    // A level the model does not have is refused, naming both.
+    let mut body = v2_body("x", &[vec![1.0, 2.0, 3.0, 4.0]]);
+    body["parameters"] = json!({"priority": 3});
+    let (status, _, answer) = post(&s.client, &url, &body).await;
+    assert_eq!(status, 400, "{answer}");
+    let m = error_message(&answer);
+    assert!(
+        m.contains("`priority` is 3") && m.contains("priority_levels"),
+        "{m}"
+    );
     s.stop().await.unwrap();
 }

@@ -34,6 +34,7 @@ use crate::batcher::stats::ModelStats;
 use crate::error::{Error, Result};
 use crate::metrics;
 use crate::pool::ModelWorkers;
+use crate::protocol::Schedule;
 use crate::settings::BatchSettings;
 use crate::tensor::Tensor;
 
@@ -218,10 +219,11 @@ impl Batcher {
         inputs: Vec<Tensor>,
         outputs: Option<&[String]>,
         arrival: Instant,
-        timeout: Option<Duration>,
+        schedule: Schedule,
     ) -> Result<(Vec<Tensor>, Arc<str>)> {
         let settings = self.settings();
         let model = &self.inner.model;
+        let level = priority_level(model, &settings, schedule.priority)?;
         // Admission: count the request before it is queued.
         let before = self.inner.queued.fetch_add(1, Ordering::AcqRel);
         if before >= settings.max_queue_size {
@@ -241,7 +243,9 @@ impl Batcher {
             held: true,
         };
         // The request's own timeout may shorten the model's, never lengthen it.
-        let timeout = timeout.map_or(settings.timeout, |t| t.min(settings.timeout));
+        let timeout = schedule
+            .timeout
+            .map_or(settings.timeout, |t| t.min(settings.timeout));
         let deadline = arrival + timeout;
         // The layout while the model batches: a request's rows are its batch
         // axis; one that runs alone is one inference, whatever its shapes.
@@ -284,7 +288,7 @@ impl Batcher {
             rows,
             chunk,
             chunks: n_chunks.max(1),
-            times: (arrival, deadline),
+            times: (arrival, deadline, level),
             padded,
             layout,
         };
@@ -382,13 +386,13 @@ impl Batcher {
         &self,
         part: Vec<Tensor>,
         (last, whole): (bool, bool),
-        (arrival, deadline): (Instant, Instant),
+        (arrival, deadline, level): (Instant, Instant, u32),
         padded: Option<(Vec<Vec<usize>>, Vec<usize>)>,
         layout: Option<&Layout>,
         slot: &mut Slot<'_>,
     ) -> Result<oneshot::Receiver<EntryResult>> {
         let (tx, rx) = oneshot::channel();
-        let mut entry = Entry::new(part, arrival, deadline, tx);
+        let mut entry = Entry::new(part, arrival, deadline, tx).with_level(level);
         match layout {
             Some(l) => entry = entry.laid_out(l),
             // Runs alone: one entry fills its batch.
@@ -439,8 +443,8 @@ struct Request<'a> {
     chunk: usize,
     /// How many chunks it is cut into (at least 1).
     chunks: usize,
-    /// Its arrival and deadline.
-    times: (Instant, Instant),
+    /// Its arrival, deadline and priority level (see [`Entry::level`]).
+    times: (Instant, Instant, u32),
     /// A padded model's grouping key and lengths.
     padded: Option<(Vec<Vec<usize>>, Vec<usize>)>,
     /// The model's batch axes while it batches.
@@ -476,3 +480,19 @@ impl Drop for Slot<'_> {
 
 #[cfg(test)]
 mod tests;
+
+/// The queue level of a request asking for `priority` (see [`Entry::level`]):
+/// 0 while the model has no `priority_levels` (a priority asked for is
+/// ignored, as Triton does without a priority queue); the model's
+/// `default_priority` when it asks for none; a level outside 1 to
+/// `priority_levels` is a 400 naming both.
+fn priority_level(model: &str, settings: &BatchSettings, priority: Option<u64>) -> Result<u32> {
+    match (priority, settings.priority_levels) {
+        (_, 0) => Ok(0),
+        (None, _) => Ok(settings.default_priority),
+        (Some(p), n) if p <= u64::from(n) => Ok(p as u32),
+        (Some(p), n) => Err(Error::invalid(format!(
+            "request: parameter `priority` is {p}, but model `{model}` has priority levels 1 to {n} (priority_levels)"
+        ))),
+    }
+}

@@ -176,6 +176,8 @@ mod tests {
             timeout: Duration::from_secs(60),
             max_batch_tokens: None,
             max_padding_ratio: None,
+            priority_levels: 0,
+            default_priority: 0,
         }
     }
 

@@ -4,6 +4,9 @@
 //! batching task owns one `State` and passes `now` in, so every rule here is
 //! unit-tested directly.
 //!
+//! Entries wait by priority level, then arrival (see [`Entry::level`]):
+//! "oldest" below means the head of that order.
+//!
 //! Entries of a padded model (`padding`) carry their lengths of the padded
 //! dims, and their key leaves those dims out, so requests of different
 //! lengths group together; `select.rs` picks which of them share the oldest
@@ -41,6 +44,12 @@ pub struct Entry {
     pub arrival: Instant,
     /// Past this instant the entry is answered 504 and never run.
     pub deadline: Instant,
+    /// Its priority level: the queue keeps entries by level, then arrival;
+    /// 1 is the highest, 0 when the model has no priority levels. An entry
+    /// that has waited half its time to its deadline moves to the highest
+    /// level (see [`State::remove_dead`]): a low level waits behind higher
+    /// ones for at most half its timeout.
+    pub level: u32,
     /// The submitting request awaits here; closed when the client went away.
     pub reply: oneshot::Sender<EntryResult>,
     /// True for a request's last chunk (or its only entry): when it leaves
@@ -77,6 +86,7 @@ impl Entry {
             lengths: Vec::new(),
             arrival,
             deadline,
+            level: 0,
             reply,
             releases_slot: true,
             whole: true,
@@ -122,6 +132,18 @@ impl Entry {
             self.key = layout.key(&self.inputs);
         }
         self
+    }
+
+    /// The entry at priority `level` (see [`Entry::level`]).
+    pub fn with_level(mut self, level: u32) -> Entry {
+        self.level = level;
+        self
+    }
+
+    /// Whether it has waited half its time to its deadline (and moves to
+    /// the highest level).
+    fn due_for_promotion(&self, now: Instant) -> bool {
+        self.level > 1 && now >= self.arrival + (self.deadline - self.arrival) / 2
     }
 
     /// Padded elements per row: the product of its lengths (1 without padding).
@@ -220,7 +242,13 @@ impl State {
             self.recent.pop_front();
         }
         self.recent.push_back(last);
-        self.entries.push_back(entry);
+        // By level, then arrival: behind every entry of its level or higher.
+        let at = self
+            .entries
+            .iter()
+            .rposition(|e| e.level <= entry.level)
+            .map_or(0, |i| i + 1);
+        self.entries.insert(at, entry);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -232,7 +260,8 @@ impl State {
         self.entries.len()
     }
 
-    /// Arrival of the oldest waiting entry.
+    /// Arrival of the entry at the head: the oldest of the highest level
+    /// waiting (the oldest of all when the model has no priority levels).
     pub fn oldest(&self) -> Option<Instant> {
         self.entries.front().map(|e| e.arrival)
     }
@@ -298,6 +327,7 @@ impl State {
 
     /// Removes entries that expired or whose client left; returns them with why.
     pub fn remove_dead(&mut self, now: Instant) -> Vec<(Entry, Dropped)> {
+        self.promote(now);
         // The common case, checked without moving (or allocating) anything:
         // the batching task calls this on every turn of its loop.
         let alive = |e: &Entry| now < e.deadline && !e.reply.is_closed();
@@ -319,6 +349,21 @@ impl State {
         }
         self.entries = kept;
         dead
+    }
+
+    /// Moves every entry that has waited half its time to its deadline to
+    /// the highest level, among that level's entries by arrival.
+    fn promote(&mut self, now: Instant) {
+        if !self.entries.iter().any(|e| e.due_for_promotion(now)) {
+            return;
+        }
+        for e in self.entries.iter_mut().filter(|e| e.due_for_promotion(now)) {
+            e.level = 1;
+        }
+        // Stable: a request's chunks (one arrival) keep their order.
+        self.entries
+            .make_contiguous()
+            .sort_by_key(|e| (e.level, e.arrival));
     }
 
     /// Takes the oldest entry and, in arrival order, the later entries with
@@ -392,6 +437,35 @@ pub(crate) mod tests {
             Entry::new(vec![t], arrival, arrival + Duration::from_secs(60), tx),
             rx,
         )
+    }
+
+    #[test]
+    fn higher_levels_leave_first_oldest_first_and_a_long_wait_is_promoted() {
+        let t0 = Instant::now();
+        let mut s = State::new();
+        let mut keep = Vec::new();
+        // (level, rows): rows name the entries; arrivals 1 ms apart.
+        for (i, (level, rows)) in [(2, 1), (2, 2), (1, 3), (3, 4), (1, 5)].into_iter().enumerate() {
+            let (e, rx) = entry(rows, 2, t0 + Duration::from_millis(i as u64));
+            keep.push(rx);
+            s.push(e.with_level(level));
+        }
+        let order = |s: &State| s.entries.iter().map(|e| e.rows).collect::<Vec<_>>();
+        assert_eq!(order(&s), [3, 5, 1, 2, 4]);
+        // Each waits at most half its 60 s to its deadline behind higher
+        // levels: at 30.001 s the first two arrivals have waited that long.
+        assert!(s.remove_dead(t0 + Duration::from_millis(30_001)).is_empty());
+        assert_eq!(order(&s), [1, 2, 3, 5, 4]);
+        let b = s.take_batch(Limits::rows(3));
+        assert_eq!(b.iter().map(|e| e.rows).collect::<Vec<_>>(), [1, 2]);
+        // With no levels (0) the queue is arrival order, as it always was.
+        let mut flat = State::new();
+        for rows in [4, 1, 3] {
+            let (e, rx) = entry(rows, 2, t0);
+            keep.push(rx);
+            flat.push(e);
+        }
+        assert_eq!(order(&flat), [4, 1, 3]);
     }
 
     #[test]

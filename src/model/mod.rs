@@ -188,7 +188,7 @@ impl ModelHandle {
         protocol::validate(&mut req, &self.name, &self.signature)?;
         let (tensors, batch_id) = self
             .batcher
-            .submit(req.inputs, req.outputs.as_deref(), arrival, req.timeout)
+            .submit(req.inputs, req.outputs.as_deref(), arrival, req.schedule)
             .await?;
         Ok(InferResponse {
             model_name: self.batcher.model().clone(),

@@ -42,7 +42,7 @@ impl TryFrom<ModelInferRequest> for InferRequest {
     /// Decodes the wire request; [`super::validate`] then checks it against the model.
     fn try_from(req: ModelInferRequest) -> Result<Self, Error> {
         refuse_unsupported(&req.parameters, "request")?;
-        let timeout = super::schedule_params(
+        let schedule = super::schedule_params(
             int_param(&req.parameters, "timeout"),
             int_param(&req.parameters, "priority"),
         )?;
@@ -69,7 +69,7 @@ impl TryFrom<ModelInferRequest> for InferRequest {
             id: non_empty(&req.id).map(str::to_string),
             inputs,
             outputs: (!outputs.is_empty()).then_some(outputs),
-            timeout,
+            schedule,
         })
     }
 }

@@ -35,10 +35,19 @@ pub struct InferRequest {
     pub inputs: Vec<Tensor>,
     /// Requested output names; `None` = all of the model's outputs.
     pub outputs: Option<Vec<String>>,
-    /// The request's own deadline (Triton's `timeout` parameter, in
-    /// microseconds; 0 or absent: the model's): it may shorten the model's
-    /// `timeout`, never lengthen it.
+    /// Its schedule-policy parameters (`timeout`, `priority`).
+    pub schedule: Schedule,
+}
+
+/// Triton's schedule-policy parameters of one request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Schedule {
+    /// The request's own deadline (`timeout`, in microseconds; 0 or absent:
+    /// the model's): it may shorten the model's `timeout`, never lengthen it.
     pub timeout: Option<std::time::Duration>,
+    /// Its priority level (`priority`; 1 is the highest; 0 or absent: the
+    /// model's `default_priority`), checked against the model's `priority_levels`.
+    pub priority: Option<u64>,
 }
 
 /// The answer to one [`InferRequest`], independent of protocol.
@@ -173,27 +182,30 @@ fn check_input(t: &Tensor, spec: &TensorSpec) -> Result<(), Error> {
 
 /// Triton's schedule-policy parameters of a request, from their integer
 /// values (`None`: absent; `Err`: the value the client sent, for the
-/// message): `timeout` in microseconds (0: the model's), and `priority`,
-/// which must be a non-negative integer (accepted; batches are not yet
-/// ordered by it). A bad value is a 400 naming the parameter.
+/// message): `timeout` in microseconds and `priority`, 0 meaning the
+/// model's for each. A value that is not a non-negative integer is a 400
+/// naming the parameter.
 pub(crate) fn schedule_params(
     timeout: Option<Result<u64, String>>,
     priority: Option<Result<u64, String>>,
-) -> Result<Option<std::time::Duration>, Error> {
+) -> Result<Schedule, Error> {
     let bad = |key: &str, got: &str| {
         Error::invalid(format!(
             "request: parameter `{key}` must be a non-negative integer{}, got {got}",
             if key == "timeout" { " (microseconds)" } else { "" }
         ))
     };
-    if let Some(Err(got)) = &priority {
-        return Err(bad("priority", got));
-    }
-    match timeout {
-        None | Some(Ok(0)) => Ok(None),
-        Some(Ok(us)) => Ok(Some(std::time::Duration::from_micros(us))),
-        Some(Err(got)) => Err(bad("timeout", &got)),
-    }
+    let priority = match priority {
+        None | Some(Ok(0)) => None,
+        Some(Ok(level)) => Some(level),
+        Some(Err(got)) => return Err(bad("priority", &got)),
+    };
+    let timeout = match timeout {
+        None | Some(Ok(0)) => None,
+        Some(Ok(us)) => Some(std::time::Duration::from_micros(us)),
+        Some(Err(got)) => return Err(bad("timeout", &got)),
+    };
+    Ok(Schedule { timeout, priority })
 }
 
 /// Refuses a request that uses a parameter of an extension sluice does not
@@ -257,7 +269,7 @@ mod tests {
     fn check(inputs: Vec<Tensor>, outputs: Option<Vec<&str>>) -> Result<InferRequest, Error> {
         let outputs = outputs.map(|o| o.into_iter().map(String::from).collect());
         let mut req = InferRequest {
-            timeout: None,
+            schedule: Default::default(),
             id: None,
             inputs,
             outputs,

@@ -153,7 +153,7 @@ pub fn decode(body: Value, sig: &Signature) -> Result<InferRequest, Error> {
         .map(|(spec, rows)| stack(spec, rows))
         .collect::<Result<_, _>>()?;
     Ok(InferRequest {
-        timeout: None,
+        schedule: Default::default(),
         id: None,
         inputs,
         outputs: None,

@@ -226,16 +226,14 @@ impl TryFrom<InferenceRequest<'_>> for InferRequest {
             id: req.id,
             inputs,
             outputs,
-            timeout: schedule_timeout(req.parameters.as_ref())?,
+            schedule: schedule(req.parameters.as_ref())?,
         })
     }
 }
 
-/// The request's `timeout` from its `parameters` (and its `priority`
-/// checked), as [`super::schedule_params`] reads them.
-pub(crate) fn schedule_timeout(
-    params: Option<&Map<String, Value>>,
-) -> Result<Option<std::time::Duration>, Error> {
+/// The request's `timeout` and `priority` from its `parameters`, as
+/// [`super::schedule_params`] reads them.
+pub(crate) fn schedule(params: Option<&Map<String, Value>>) -> Result<super::Schedule, Error> {
     let int = |key: &str| {
         let v = params?.get(key)?;
         Some(v.as_u64().ok_or_else(|| super::json::show(v)))

@@ -121,7 +121,7 @@ pub(super) fn decode_request_serde(body: &[u8], header: Option<&[u8]>) -> Result
     })?;
     refuse_unsupported(wire.parameters.as_ref(), "request")?;
     let all = bool_param(wire.parameters.as_ref(), "binary_data_output", "request")?.unwrap_or(false);
-    let timeout = super::v2::schedule_timeout(wire.parameters.as_ref())?;
+    let schedule = super::v2::schedule(wire.parameters.as_ref())?;
 
     let binary_total = binary.len();
     let mut inputs = Vec::with_capacity(wire.inputs.len());
@@ -190,7 +190,7 @@ pub(super) fn decode_request_serde(body: &[u8], header: Option<&[u8]>) -> Result
             id: wire.id,
             inputs,
             outputs,
-            timeout,
+            schedule,
         },
         outputs: OutputEncoding { all, per_output },
     })

@@ -57,7 +57,7 @@ pub(super) fn decode(body: &[u8]) -> Option<InferRequest> {
         return None;
     }
     Some(InferRequest {
-        timeout: None,
+        schedule: Default::default(),
         id,
         inputs: inputs?,
         outputs,

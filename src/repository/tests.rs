@@ -134,7 +134,7 @@ impl Fixture {
         let model = self.repo.registry().ready("m", None).ok()?;
         let x = Tensor::new("x", vec![1, 2], TensorData::F32(vec![1.0, 1.0])).unwrap();
         let req = InferRequest {
-            timeout: None,
+            schedule: Default::default(),
             id: None,
             inputs: vec![x],
             outputs: None,

@@ -56,6 +56,8 @@ fn full_file_with_every_field() {
         timeout: Duration::from_millis(2500),
         max_batch_tokens: None,
         max_padding_ratio: None,
+        priority_levels: 0,
+        default_priority: 0,
     };
     let cuda = CudaOptions {
         gpu_mem_limit: Some(1 << 30),
@@ -576,3 +578,23 @@ fn serializes_durations_as_seconds_and_enums_by_name() {
 }
 
 mod padding;
+
+#[test]
+fn priority_levels_and_their_default() {
+    let s = ok(r#"{"priority_levels": 3}"#);
+    assert_eq!((s.batching.priority_levels, s.batching.default_priority), (3, 3));
+    let s = ok(r#"{"priority_levels": 3, "default_priority": 1}"#);
+    assert_eq!(s.batching.default_priority, 1);
+    assert_eq!(
+        (
+            ok("{}").batching.priority_levels,
+            ok("{}").batching.default_priority
+        ),
+        (0, 0)
+    );
+    assert_eq!(
+        problems(r#"{"priority_levels": 3, "default_priority": 4}"#),
+        ["`default_priority` must be an integer between 1 and 3, got 4"]
+    );
+    assert!(problems(r#"{"default_priority": 1}"#)[0].contains("set `priority_levels`"));
+}

@@ -140,6 +140,8 @@ fn settings(policy: BatchPolicyKind, max_batch_size: usize, max_batch_time_ms: u
         timeout: Duration::from_secs(60),
         max_batch_tokens: None,
         max_padding_ratio: None,
+        priority_levels: 0,
+        default_priority: 0,
     }
 }
 
@@ -176,7 +178,12 @@ fn request(id: usize, rows: usize, width: usize) -> Tensor {
 /// Submits `x` now and returns `y` and the batch id.
 async fn infer(b: &Batcher, x: Tensor) -> Result<(Tensor, String), Error> {
     let (mut out, id) = b
-        .submit(vec![x], Some(&["y".to_string()]), Instant::now(), None)
+        .submit(
+            vec![x],
+            Some(&["y".to_string()]),
+            Instant::now(),
+            Default::default(),
+        )
         .await?;
     assert_eq!(out.len(), 1, "one output asked for");
     Ok((out.pop().unwrap(), id.to_string()))

@@ -231,7 +231,7 @@ fn binary_outputs_follow_the_json_header() {
 #[test]
 fn schedule_parameters_are_read_and_bad_values_named() {
     let req = |params: Value| json!({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}], "parameters": params});
-    let timeout = |params: Value| decode(req(params), &[]).map(|d| d.request.timeout);
+    let timeout = |params: Value| decode(req(params), &[]).map(|d| d.request.schedule.timeout);
     // Table: parameters → the request's timeout.
     for (params, want) in [
         (

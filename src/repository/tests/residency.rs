@@ -75,7 +75,7 @@ impl Fixture {
         let model = self.repo.registry().serve(name, None, Instant::now()).await?;
         let x = Tensor::new("x", vec![1, 2], TensorData::F32(vec![1.0, 1.0])).unwrap();
         let req = InferRequest {
-            timeout: None,
+            schedule: Default::default(),
             id: None,
             inputs: vec![x],
             outputs: None,
