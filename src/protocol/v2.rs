@@ -94,12 +94,14 @@ pub struct ServerMetadata {
     pub extensions: Vec<String>,
 }
 
-/// The protocol extensions sluice serves, as Triton names them.
-pub const EXTENSIONS: [&str; 4] = [
+/// The protocol extensions sluice serves, as Triton names them
+/// (`schedule_policy`: the `timeout` and `priority` request parameters).
+pub const EXTENSIONS: [&str; 5] = [
     "binary_tensor_data",
     "model_repository",
     "model_configuration",
     "statistics",
+    "schedule_policy",
 ];
 
 impl ServerMetadata {
