@@ -261,29 +261,8 @@ impl Batcher {
             (Some(p), Some(_)) => Some(p.measure(&inputs).map_err(Error::invalid)?),
             _ => None,
         };
-        let mut chunk = match layout {
-            Some(_) if settings.batching_enabled() => settings.max_batch_size,
-            _ => rows.max(1),
-        };
-        if let (Some((_, lengths)), Some(max_tokens)) = (&padded, settings.max_batch_tokens) {
-            // Chunks within `max_batch_tokens` (a single row longer than that runs alone).
-            let per_row = lengths.iter().product::<usize>().max(1);
-            chunk = chunk.min((max_tokens / per_row).max(1));
-        }
-        if rows > chunk && inputs.iter().all(|t| t.data.is_empty()) {
-            return Err(Error::invalid(format!(
-                "the inputs have {rows} rows of no elements each; such a request may have at most \
-                 max_batch_size ({chunk}) rows"
-            )));
-        }
-        let n_chunks = rows.div_ceil(chunk);
-        if n_chunks > MAX_CHUNKS {
-            return Err(Error::invalid(format!(
-                "the request has {rows} rows: at max_batch_size ({chunk}) that is {n_chunks} batches, more than \
-                 the {MAX_CHUNKS} one request may take; send at most {} rows per request, or raise max_batch_size",
-                chunk * MAX_CHUNKS
-            )));
-        }
+        let lengths = padded.as_ref().map(|(_, l)| l.as_slice());
+        let (chunk, n_chunks) = chunking(&settings, layout.is_some(), rows, lengths, &inputs)?;
         let request = Request {
             rows,
             chunk,
@@ -495,4 +474,42 @@ fn priority_level(model: &str, settings: &BatchSettings, priority: Option<u64>) 
             "request: parameter `priority` is {p}, but model `{model}` has priority levels 1 to {n} (priority_levels)"
         ))),
     }
+}
+
+/// How a request of `rows` rows is split: the most rows of one chunk
+/// (`max_batch_size` while the model batches, within `max_batch_tokens` for
+/// a padded one of these `lengths`; the whole request when it runs alone)
+/// and the number of chunks. A request of empty rows that would need
+/// several chunks, or one past [`MAX_CHUNKS`], is refused.
+fn chunking(
+    settings: &BatchSettings,
+    batches: bool,
+    rows: usize,
+    lengths: Option<&[usize]>,
+    inputs: &[Tensor],
+) -> Result<(usize, usize)> {
+    let mut chunk = match batches && settings.batching_enabled() {
+        true => settings.max_batch_size,
+        false => rows.max(1),
+    };
+    if let (Some(lengths), Some(max_tokens)) = (lengths, settings.max_batch_tokens) {
+        // Chunks within `max_batch_tokens` (a single row longer than that runs alone).
+        let per_row = lengths.iter().product::<usize>().max(1);
+        chunk = chunk.min((max_tokens / per_row).max(1));
+    }
+    if rows > chunk && inputs.iter().all(|t| t.data.is_empty()) {
+        return Err(Error::invalid(format!(
+            "the inputs have {rows} rows of no elements each; such a request may have at most \
+             max_batch_size ({chunk}) rows"
+        )));
+    }
+    let n_chunks = rows.div_ceil(chunk);
+    if n_chunks > MAX_CHUNKS {
+        return Err(Error::invalid(format!(
+            "the request has {rows} rows: at max_batch_size ({chunk}) that is {n_chunks} batches, more than \
+             the {MAX_CHUNKS} one request may take; send at most {} rows per request, or raise max_batch_size",
+            chunk * MAX_CHUNKS
+        )));
+    }
+    Ok((chunk, n_chunks))
 }

@@ -19,6 +19,7 @@ pub mod registry;
 pub mod residency;
 mod resident;
 pub mod scan;
+mod swap;
 pub mod warm;
 pub mod watcher;
 
@@ -396,15 +397,9 @@ impl Repository {
         t.seen = now;
         let resting = t.serving.is_none() && t.cold.is_some();
         match change {
-            // Not resident: the change applies at its next load.
             Change::Reload(settings) if resting && !force => {
                 t.refused = None;
-                if self.loads_now(&md.folder, &settings) {
-                    self.publish(&name, &md.dir, ModelState::Loading, None, None);
-                    self.reload(&md, settings).await;
-                } else {
-                    self.rest(&md.folder, &settings);
-                }
+                self.changed_on_disk(&md, settings).await;
             }
             // The folder changed back to exactly what serves (a refused edit
             // was undone): the note about the refused change no longer holds.
@@ -458,113 +453,6 @@ impl Repository {
             Ok(settings) => {
                 self.publish(&name, &md.dir, ModelState::Loading, None, None);
                 self.reload(&md, settings).await;
-            }
-        }
-    }
-
-    /// Loads a new version beside the serving one and swaps it in.
-    async fn reload(&mut self, md: &ModelDir, settings: crate::settings::ModelSettings) {
-        // The outcome is logged, published and counted where it happens.
-        let _ = self.load_version(md, settings).await;
-    }
-
-    /// [`Repository::reload`], answering with the version that serves now.
-    /// A model with no version serving first gets room under the residency
-    /// budgets; when there is none it stays on disk (503, `Retry-After`).
-    async fn load_version(
-        &mut self,
-        md: &ModelDir,
-        settings: crate::settings::ModelSettings,
-    ) -> Result<Arc<ModelHandle>, Error> {
-        let name = md.name().to_string();
-        // Stamped at this scan: a file that cannot be read (missing, not a
-        // regular file) never reaches the runtime.
-        let seen = self.tracked.get(&md.folder).map(|t| t.seen.file.clone());
-        let file = match seen.expect("tracked before reload") {
-            Ok(file) => file,
-            Err(why) => {
-                let error = LoadError::Files(why);
-                let answer = error.to_error(&name);
-                self.failed(&md.folder, error);
-                return Err(answer);
-            }
-        };
-        let fresh = self.tracked.get(&md.folder).is_some_and(|t| t.serving.is_none());
-        if fresh {
-            if let Err(short) = self.make_room(&md.folder, &settings).await {
-                let message = short.message(&name);
-                // Once per refused request: a metric, and a line only at debug.
-                tracing::debug!(model = %name, "not loaded: {message}");
-                metrics::dropped(&name, "no_room");
-                self.rest(&md.folder, &settings);
-                return Err(Error::Busy {
-                    message,
-                    retry_after: std::time::Duration::from_secs(1),
-                });
-            }
-        }
-        match load::build(&self.runtime, &self.pool, &name, &md.dir, settings).await {
-            Ok(handle) => {
-                let handle = Arc::new(handle);
-                self.remember(&md.folder, &handle);
-                let t = self.tracked.get_mut(&md.folder).expect("tracked before reload");
-                t.refused = None;
-                let old = t.serving.replace((handle.clone(), file));
-                let result = match old {
-                    Some((old, _)) => {
-                        // Same signature: the old version's queue runs on the new one.
-                        if old.signature == handle.signature {
-                            old.batcher().handoff_to(handle.batcher().clone());
-                        }
-                        old.batcher().retire();
-                        tracing::info!(model = %name, "new version serves; the old one drains and unloads");
-                        "reloaded"
-                    }
-                    None => "loaded",
-                };
-                metrics::model_reload(&name, result);
-                metrics::model_load(&name, self.reason.as_str());
-                self.publish(&name, &md.dir, ModelState::Ready, Some(handle.clone()), None);
-                match self.trim(&md.folder) {
-                    Ok(()) => Ok(handle),
-                    Err(short) => Err(Error::Busy {
-                        message: short.message(&name),
-                        retry_after: std::time::Duration::from_secs(1),
-                    }),
-                }
-            }
-            Err(reason) => {
-                let answer = reason.to_error(&name);
-                self.failed(&md.folder, reason);
-                Err(answer)
-            }
-        }
-    }
-
-    /// A load or change failed: keep the serving version if there is one.
-    fn failed(&mut self, folder: &str, error: LoadError) {
-        // The log keeps the full paths; what clients see (the index, API
-        // answers) names files relative to the repository.
-        let reason = error.message().to_string();
-        let error = error.map(|m| self.relative(m));
-        let shown = error.message().to_string();
-        let t = self.tracked.get_mut(folder).expect("tracked before failing");
-        t.refused = Some(error);
-        // It loads again when its files change, not on a request.
-        t.cold = None;
-        let t = self.tracked.get(folder).expect("tracked before failing");
-        let (name, dir) = (t.name.clone(), t.dir.clone());
-        metrics::model_reload(&name, "failed");
-        match &t.serving {
-            Some((handle, _)) => {
-                tracing::error!(model = %name, folder = %dir.display(), error = %reason, "change refused; the last good version keeps serving");
-                let note = format!("last change refused, serving the previous version: {shown}");
-                self.publish(&name, &dir, ModelState::Ready, Some(handle.clone()), Some(note));
-            }
-            None => {
-                tracing::error!(model = %name, folder = %dir.display(), error = %reason, "model not loaded");
-                let reason = shown;
-                self.publish(&name, &dir, ModelState::Unavailable { reason }, None, None);
             }
         }
     }

@@ -71,6 +71,17 @@ impl Repository {
         self.publish(&name, &dir, ModelState::OnDisk, None, None);
     }
 
+    /// A model that is not resident changed: the change applies at its next
+    /// load, unless it now loads at once (it became pinned, or fits).
+    pub(super) async fn changed_on_disk(&mut self, md: &ModelDir, settings: ModelSettings) {
+        if self.loads_now(&md.folder, &settings) {
+            self.publish(md.name(), &md.dir, ModelState::Loading, None, None);
+            self.reload(md, settings).await;
+        } else {
+            self.rest(&md.folder, &settings);
+        }
+    }
+
     /// A request found model `name` not resident: loads it and answers with it.
     pub(super) async fn demand(&mut self, name: &str) -> Result<Arc<ModelHandle>, Error> {
         let Some(t) = self.tracked.values().find(|t| t.name == name) else {
