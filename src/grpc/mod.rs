@@ -75,7 +75,7 @@ pub fn service(state: GrpcState) -> GrpcInferenceServiceServer<InferenceService>
 pub const STREAMS: &[&str] = &["/inference.GRPCInferenceService/ModelStreamInfer"];
 
 /// Records a finished inference call in `sluice_requests_total` and
-/// `sluice_request_duration_seconds` (protocol `grpc`), as `http::observe`
+/// `sluice_request_duration_seconds` (protocol `grpc`), as `http::request::observe`
 /// does for REST.
 fn observe<T>(registry: &Registry, model: &str, arrival: Instant, result: &Result<T, Error>) {
     crate::metrics::request(

@@ -3,7 +3,7 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 
-use super::AppState;
+use super::request::AppState;
 
 /// The process is up and answering.
 pub async fn live() -> StatusCode {

@@ -10,7 +10,8 @@ use axum::Json;
 use serde_json::{json, Value};
 use tracing::Instrument;
 
-use super::{body_bytes, observe, parse_json, Admission, ApiError, ApiPath, AppState};
+use super::error::ApiError;
+use super::request::{self, body_bytes, observe, parse_json, Admission, ApiPath, AppState};
 use crate::error::Error;
 use crate::model::state::ModelState;
 use crate::protocol::v1;
@@ -60,14 +61,14 @@ pub async fn predict(
             .into())
         }
     };
-    let span = telemetry::request_span("v1", name, &super::trace_parent(&headers));
+    let span = telemetry::request_span("v1", name, &request::trace_parent(&headers));
     let result = async {
         admission.check()?;
         let bytes = body_bytes(body, state.max_body_bytes)?;
         let body_len = bytes.len();
         let model = state.registry.serve(name, None, arrival).await?;
         let m = model.clone();
-        let req = super::decode_body(bytes, move |b| {
+        let req = request::decode_body(bytes, move |b| {
             let value: Value = parse_json(&b)?;
             Ok(v1::decode(value, &m.signature)?)
         })

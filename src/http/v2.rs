@@ -11,7 +11,8 @@ use axum::Json;
 use serde::Deserialize;
 use tracing::Instrument;
 
-use super::{body_bytes, observe, Admission, ApiError, ApiPath, AppState};
+use super::error::ApiError;
+use super::request::{self, body_bytes, observe, Admission, ApiPath, AppState};
 use crate::protocol::model_config::ModelConfig;
 use crate::protocol::statistics::StatisticsResponse;
 use crate::protocol::v2::{ModelMetadata, ServerMetadata};
@@ -79,7 +80,7 @@ pub async fn model_ready(
 ) -> Result<StatusCode, ApiError> {
     match state.registry.servable(&p.name, p.version.as_deref()) {
         Ok(_) => Ok(StatusCode::OK),
-        Err(e) if super::status_of(e.kind()) == StatusCode::NOT_FOUND => Err(e.into()),
+        Err(e) if super::error::status_of(e.kind()) == StatusCode::NOT_FOUND => Err(e.into()),
         Err(_) => Ok(StatusCode::SERVICE_UNAVAILABLE),
     }
 }
@@ -104,16 +105,16 @@ pub async fn infer(
 /// reads, and it checks and answers exactly as `guard` and [`infer`] do.
 pub(crate) async fn infer_direct(state: AppState, path: ModelPath, req: axum::extract::Request) -> Response {
     let (parts, body) = req.into_parts();
-    let held = match super::admit(&state, parts.uri.path(), &parts.headers) {
+    let held = match request::admit(&state, parts.uri.path(), &parts.headers) {
         Ok(held) => held,
         Err(e) => return e.into_response(),
     };
     let admission = Admission::now(&state);
-    let body = super::read_body(body, state.max_body_bytes).await;
+    let body = request::read_body(body, state.max_body_bytes).await;
     let answer = answer_infer(&state, admission, path, &parts.headers, body)
         .await
         .into_response();
-    super::hold_until_sent(&state, held, answer)
+    request::hold_until_sent(&state, held, answer)
 }
 
 /// The infer route's answer once the request is admitted and its body read.
@@ -125,7 +126,7 @@ async fn answer_infer(
     body: Result<Bytes, ApiError>,
 ) -> Result<Response, ApiError> {
     let arrival = Instant::now();
-    let span = telemetry::request_span("v2", &p.name, &super::trace_parent(headers));
+    let span = telemetry::request_span("v2", &p.name, &request::trace_parent(headers));
     let result = async {
         admission.check()?;
         let bytes = body?;
@@ -136,7 +137,7 @@ async fn answer_infer(
             .await?;
         let header_length = headers.get(HEADER_LENGTH).map(|v| v.as_bytes().to_vec());
         // The body is freed once decoded (the tensors own their data).
-        let decoded = super::decode_body(bytes, move |b| {
+        let decoded = request::decode_body(bytes, move |b| {
             Ok(v2_binary::decode_request(&b, header_length.as_deref())?)
         })
         .await?;
