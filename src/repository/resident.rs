@@ -290,13 +290,10 @@ impl Repository {
         };
         let mut need = Charge::from([("cpu".to_string(), host)]);
         if settings.execution_provider != ExecutionProvider::Cpu {
+            let loaded = self.loaded(None);
             for id in &settings.device_ids {
                 let device = format!("cuda:{id}");
-                let least = self
-                    .loaded(None)
-                    .iter()
-                    .filter_map(|l| l.charge.get(&device).copied())
-                    .min();
+                let least = loaded.iter().filter_map(|l| l.charge.get(&device).copied()).min();
                 if let Some(least) = least {
                     need.insert(device, least.max(len));
                 }

@@ -207,8 +207,9 @@ impl OnnxRuntime {
 /// A tiny model (`y = relu(x·I + 0)`, FP32[batch, 8]) that [`Runtime::prime`] loads and runs once.
 const PRIMER: &[u8] = include_bytes!("primer.onnx");
 
-impl Runtime for OnnxRuntime {
-    fn prime(&self) {
+impl OnnxRuntime {
+    /// Loads and runs [`PRIMER`] (see [`Runtime::prime`]).
+    fn prime_now(&self) {
         let path = std::env::temp_dir().join(format!("sluice-primer-{}.onnx", std::process::id()));
         let settings = ModelSettings::parse(
             r#"{"execution_provider": "cpu", "warmup": false}"#,
@@ -231,6 +232,15 @@ impl Runtime for OnnxRuntime {
         if let Err(e) = primed {
             tracing::debug!(error = %e, "could not prime ONNX Runtime; the first model loaded is charged its one-time costs");
         }
+    }
+}
+
+impl Runtime for OnnxRuntime {
+    fn prime(&self) {
+        // The costs are the process's: once is enough, whatever number of
+        // repositories (servers in one test process) start.
+        static PRIMED: std::sync::Once = std::sync::Once::new();
+        PRIMED.call_once(|| self.prime_now());
     }
 
     fn load(&self, model: &str, path: &Path, settings: &ModelSettings) -> Result<LoadedModel, RuntimeError> {
