@@ -91,6 +91,22 @@ impl Runtime for FakeRuntime {
     }
 }
 
+/// `y[0]` of a fake model for `x = [1, 1]`: its multiplier.
+async fn y_of_ones(model: &crate::model::ModelHandle) -> Result<f32, crate::error::Error> {
+    let x = Tensor::new("x", vec![1, 2], TensorData::F32(vec![1.0, 1.0])).unwrap();
+    let req = InferRequest {
+        schedule: Default::default(),
+        id: None,
+        inputs: vec![x],
+        outputs: None,
+    };
+    let resp = model.infer(req, Instant::now()).await?;
+    match &resp.outputs[0].data {
+        TensorData::F32(y) => Ok(y[0]),
+        other => panic!("the fake runtime answers FP32, not {}", other.dtype()),
+    }
+}
+
 struct Fixture {
     dir: tempfile::TempDir,
     runtime: Arc<FakeRuntime>,
@@ -132,18 +148,7 @@ impl Fixture {
     /// `y` for `x = [1, 1]` from model `m` now (None: not serving).
     async fn multiplier(&self) -> Option<f32> {
         let model = self.repo.registry().ready("m", None).ok()?;
-        let x = Tensor::new("x", vec![1, 2], TensorData::F32(vec![1.0, 1.0])).unwrap();
-        let req = InferRequest {
-            schedule: Default::default(),
-            id: None,
-            inputs: vec![x],
-            outputs: None,
-        };
-        let resp = model.infer(req, Instant::now()).await.ok()?;
-        match &resp.outputs[0].data {
-            TensorData::F32(y) => Some(y[0]),
-            _ => None,
-        }
+        y_of_ones(&model).await.ok()
     }
 
     /// Rescans, then waits (up to 10 s) until `done` holds.

@@ -17,10 +17,8 @@ use crate::config::{Residency, ResidencyMode};
 use crate::error::{Error, ErrorKind};
 use crate::model::state::ModelState;
 use crate::pool::{Pool, PoolLimits};
-use crate::protocol::InferRequest;
 use crate::repository::{Repository, RepositoryHandle};
 use crate::settings::ModelDefaults;
-use crate::tensor::{Tensor, TensorData};
 
 const GB: u64 = 1_000_000_000;
 
@@ -32,10 +30,18 @@ struct Fixture {
 
 /// A repository of `models` (name, fake file) under `residency`.
 async fn start(models: &[(&str, &str)], residency: Residency) -> Fixture {
+    start_with(models, &[], residency).await
+}
+
+/// [`start`], with the `model-settings.json` of some models (name, JSON).
+async fn start_with(models: &[(&str, &str)], settings: &[(&str, &str)], residency: Residency) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     for (name, file) in models {
         std::fs::create_dir(dir.path().join(name)).unwrap();
         std::fs::write(dir.path().join(name).join("model.onnx"), file).unwrap();
+    }
+    for (name, json) in settings {
+        std::fs::write(dir.path().join(name).join("model-settings.json"), json).unwrap();
     }
     let runtime = Arc::new(FakeRuntime::default());
     let repository = Repository::new(
@@ -50,6 +56,14 @@ async fn start(models: &[(&str, &str)], residency: Residency) -> Fixture {
     let (repo, loaded) = repository.spawn(rescan_rx);
     loaded.await.unwrap().unwrap();
     Fixture { dir, runtime, repo }
+}
+
+/// Models `a`, `b`, `c` (y = 2x, 3x, 4x) of 4 GB each under a 10 GB
+/// budget in `mode`: two fit.
+async fn two_of_three(mode: ResidencyMode) -> Fixture {
+    let file = |k: u32| format!("k={k} bytes={}", 4 * GB);
+    let (a, b, c) = (file(2), file(3), file(4));
+    start(&[("a", &a), ("b", &b), ("c", &c)], budget(mode, 10)).await
 }
 
 fn budget(mode: ResidencyMode, host_gb: u64) -> Residency {
@@ -73,18 +87,7 @@ impl Fixture {
     /// `y[0]` for `x = [1, 1]` from model `name`, loading it if need be.
     async fn ask(&self, name: &str) -> Result<f32, Error> {
         let model = self.repo.registry().serve(name, None, Instant::now()).await?;
-        let x = Tensor::new("x", vec![1, 2], TensorData::F32(vec![1.0, 1.0])).unwrap();
-        let req = InferRequest {
-            schedule: Default::default(),
-            id: None,
-            inputs: vec![x],
-            outputs: None,
-        };
-        let resp = model.infer(req, Instant::now()).await?;
-        match &resp.outputs[0].data {
-            TensorData::F32(y) => Ok(y[0]),
-            _ => panic!("FP32 out"),
-        }
+        super::y_of_ones(&model).await
     }
 
     fn resident(&self) -> Vec<String> {
@@ -98,13 +101,7 @@ impl Fixture {
 
 #[tokio::test]
 async fn on_demand_loads_and_evicts_the_least_recently_used() {
-    let file = |k: u32| format!("k={k} bytes={}", 4 * GB);
-    let (a, b, c) = (file(2), file(3), file(4));
-    let f = start(
-        &[("a", &a), ("b", &b), ("c", &c)],
-        budget(ResidencyMode::OnDemand, 10),
-    )
-    .await;
+    let f = two_of_three(ResidencyMode::OnDemand).await;
     assert_eq!(f.loads(), 0, "nothing loads at start");
     assert_eq!(f.state("a"), ModelState::OnDisk);
     assert!(
@@ -238,13 +235,7 @@ async fn a_change_to_a_model_on_disk_applies_at_its_next_load() {
 
 #[tokio::test]
 async fn eager_loads_while_the_budget_holds_and_the_rest_on_demand() {
-    let file = |k: u32| format!("k={k} bytes={}", 4 * GB);
-    let (a, b, c) = (file(2), file(3), file(4));
-    let f = start(
-        &[("a", &a), ("b", &b), ("c", &c)],
-        budget(ResidencyMode::Eager, 10),
-    )
-    .await;
+    let f = two_of_three(ResidencyMode::Eager).await;
     // `c` is guessed at what `a` and `b` hold: it does not fit beside them.
     assert_eq!(f.loads(), 2);
     assert_eq!(f.resident(), ["a", "b"]);
@@ -256,13 +247,7 @@ async fn eager_loads_while_the_budget_holds_and_the_rest_on_demand() {
 
 #[tokio::test]
 async fn the_api_loads_a_model_on_disk_and_an_unloaded_one_stays_unloaded() {
-    let file = |k: u32| format!("k={k} bytes={}", 4 * GB);
-    let (a, b, c) = (file(2), file(3), file(4));
-    let f = start(
-        &[("a", &a), ("b", &b), ("c", &c)],
-        budget(ResidencyMode::OnDemand, 10),
-    )
-    .await;
+    let f = two_of_three(ResidencyMode::OnDemand).await;
     f.ask("a").await.unwrap();
     f.ask("b").await.unwrap();
     // An API load makes room as a request's load does.
@@ -306,26 +291,16 @@ async fn a_removed_folder_is_forgotten_and_a_new_one_rests_until_asked() {
 
 #[tokio::test]
 async fn pinned_models_are_loaded_when_the_start_up_scan_ends() {
-    let dir_files = [("a", format!("k=2 bytes={GB}")), ("p", format!("k=3 bytes={GB}"))];
-    let dir = tempfile::tempdir().unwrap();
-    for (name, file) in &dir_files {
-        std::fs::create_dir(dir.path().join(name)).unwrap();
-        std::fs::write(dir.path().join(name).join("model.onnx"), file).unwrap();
-    }
-    std::fs::write(dir.path().join("p/model-settings.json"), r#"{"pinned": true}"#).unwrap();
-    let runtime = Arc::new(FakeRuntime::default());
-    let repository = Repository::new(
-        dir.path().to_path_buf(),
-        None,
-        ModelDefaults::default(),
-        runtime.clone(),
-        Pool::new(PoolLimits { cpu: 1, gpu: 1 }),
+    let (a, p) = (format!("k=2 bytes={GB}"), format!("k=3 bytes={GB}"));
+    let pinned = [("p", r#"{"pinned": true}"#)];
+    // Server readiness waits for the start-up scan, which `start_with` awaits.
+    let f = start_with(
+        &[("a", &a), ("p", &p)],
+        &pinned,
+        budget(ResidencyMode::OnDemand, 10),
     )
-    .with_residency(budget(ResidencyMode::OnDemand, 10));
-    let (_rescan_tx, rescan_rx) = mpsc::unbounded_channel();
-    let (repo, loaded) = repository.spawn(rescan_rx);
-    // Server readiness waits for this.
-    loaded.await.unwrap().unwrap();
+    .await;
+    let repo = &f.repo;
     let state = |n: &str| repo.registry().get(n).unwrap().state;
     assert_eq!((state("p"), state("a")), (ModelState::Ready, ModelState::OnDisk));
     assert!(
