@@ -86,14 +86,20 @@ compress() { # part_mib
   ls -l "$STAGE/parts" >&2
 }
 
-# Device budgets on the GPU: scripts/gpu_residency.py.
-residency() {
-  local out="${1:-${OUT:-$STAGE/out}}"
-  mkdir -p "$out"
+# What `run` and `residency` start from: OUT_DIR made, the unpacked files
+# there, ONNX Runtime's and CUDA's libraries found, the GPU shown.
+prepare() { # out_dir
+  mkdir -p "$1"
   [[ -x "$RUN/sluice" ]] || die "$RUN/sluice missing: run 'scripts/gpu-check.sh unpack' first"
   export LD_LIBRARY_PATH="$RUN/ort:$(cuda_library_path):${LD_LIBRARY_PATH:-}"
   export ORT_DYLIB_PATH="$RUN/ort/libonnxruntime.so.1.31.1"
   nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
+}
+
+# Device budgets on the GPU: scripts/gpu_residency.py.
+residency() {
+  local out="${1:-${OUT:-$STAGE/out}}"
+  prepare "$out"
   python3 scripts/gpu_residency.py "$RUN/sluice" "$ORT_DYLIB_PATH" "$out" \
     --models "${GPU_RESIDENCY_MODELS:-40}" --seconds "${GPU_RESIDENCY_SECONDS:-40}"
 }
@@ -129,11 +135,7 @@ PY
 
 run() {
   local out="${1:-${OUT:-$STAGE/out}}"
-  mkdir -p "$out"
-  [[ -x "$RUN/sluice" ]] || die "$RUN/sluice missing: run 'scripts/gpu-check.sh unpack' first"
-  export LD_LIBRARY_PATH="$RUN/ort:$(cuda_library_path):${LD_LIBRARY_PATH:-}"
-  export ORT_DYLIB_PATH="$RUN/ort/libonnxruntime.so.1.31.1"
-  nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
+  prepare "$out"
 
   local repo=/tmp/sluice-gpu-repo
   rm -rf "$repo" && cp -r model-repository "$repo"

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::batching::*;
 use common::prometheus::Metrics;
 use common::*;
-use serde_json::json;
+use serde_json::{json, Value};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -297,33 +297,8 @@ async fn requests_past_their_deadline_get_504_and_are_not_run() {
     // Batching off: one run per request, each much longer than the timeout's share.
     let r = repo(&[("slow", model, r#"{"max_batch_size": 1, "timeout": 0.05}"#)]);
     let s = TestServer::start(r.path()).await;
-    let url = s.url(&format!("/v2/models/{model}/infer"));
     const N: usize = 20;
-    let mut tasks = Vec::new();
-    for id in 0..N {
-        let rows = vec![vec![id as f64, 0.0, 1.0, 2.0]];
-        let (client, url) = (s.client.clone(), url.clone());
-        tasks.push(tokio::spawn(async move {
-            let (status, _, body) = post(&client, &url, &v2_body("x", &rows)).await;
-            (rows, status, body)
-        }));
-    }
-    let (mut ok, mut late) = (0, 0);
-    for t in tasks {
-        let (rows, status, body) = t.await.unwrap();
-        match status {
-            200 => {
-                assert_eq!(flat_f64(&body["outputs"][0]["data"]), doubled(&rows));
-                ok += 1;
-            }
-            504 => {
-                let e = body["error"].as_str().unwrap();
-                assert!(e.contains(model) && e.contains("timeout of 50ms"), "{e}");
-                late += 1;
-            }
-            other => panic!("unexpected status {other}: {body}"),
-        }
-    }
+    let (ok, late) = flood_slow(&s, model, N, &Value::Null, &[model, "timeout of 50ms"]).await;
     assert!(
         late >= 1,
         "{N} runs of the slow model cannot all finish within 50 ms"

@@ -17,38 +17,6 @@ use serde_json::json;
 use sluice::protocol::grpc::inference::infer_parameter::ParameterChoice;
 use sluice::protocol::grpc::inference::InferParameter;
 
-/// 20 concurrent requests for the slow model with `body`'s parameters:
-/// (answers right, answered 504 with `message` in the error).
-async fn flood(s: &TestServer, model: &str, parameters: serde_json::Value, message: &str) -> (usize, usize) {
-    let url = s.url(&format!("/v2/models/{model}/infer"));
-    let tasks: Vec<_> = (0..20)
-        .map(|id| {
-            let rows = vec![vec![id as f64, 0.0, 1.0, 2.0]];
-            let mut body = v2_body("x", &rows);
-            body["parameters"] = parameters.clone();
-            let (client, url) = (s.client.clone(), url.clone());
-            tokio::spawn(async move { (rows, post(&client, &url, &body).await) })
-        })
-        .collect();
-    let (mut ok, mut late) = (0, 0);
-    for t in tasks {
-        let (rows, (status, _, body)) = t.await.unwrap();
-        match status {
-            200 => {
-                assert_eq!(flat_f64(&body["outputs"][0]["data"]), doubled(&rows));
-                ok += 1;
-            }
-            504 => {
-                let e = body["error"].as_str().unwrap();
-                assert!(e.contains(message), "{e}");
-                late += 1;
-            }
-            other => panic!("unexpected status {other}: {body}"),
-        }
-    }
-    (ok, late)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_timeout_shortens_the_models_and_never_lengthens_it() {
     let r = repo(&[
@@ -57,16 +25,30 @@ async fn a_request_timeout_shortens_the_models_and_never_lengthens_it() {
     ]);
     let s = TestServer::start(r.path()).await;
     // The model allows a minute; the requests ask for 50 ms.
-    let (ok, late) = flood(&s, "patient", json!({"timeout": 50_000}), "timeout of 50ms").await;
+    let (ok, late) = flood_slow(
+        &s,
+        "patient",
+        20,
+        &json!({"timeout": 50_000}),
+        &["timeout of 50ms"],
+    )
+    .await;
     assert!(
         late >= 1,
         "20 runs of the slow model cannot all finish within 50 ms ({ok} did)"
     );
     // Without the parameter, the minute holds: every request is answered.
-    let (ok, late) = flood(&s, "patient", json!({"priority": 0}), "-").await;
+    let (ok, late) = flood_slow(&s, "patient", 20, &json!({"priority": 0}), &["-"]).await;
     assert_eq!((ok, late), (20, 0));
     // The model allows 50 ms; asking for a minute does not lengthen it.
-    let (_, late) = flood(&s, "hasty", json!({"timeout": 60_000_000}), "timeout of 50ms").await;
+    let (_, late) = flood_slow(
+        &s,
+        "hasty",
+        20,
+        &json!({"timeout": 60_000_000}),
+        &["timeout of 50ms"],
+    )
+    .await;
     assert!(late >= 1, "a request's timeout lengthened the model's");
     s.stop().await.unwrap();
 }

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::prometheus::Metrics;
 
-use super::{copy_dir, fixture, flat_f64, root, write_settings};
+use super::{copy_dir, fixture, flat_f64, root, write_settings, TestServer};
 
 /// A temp repository of `(fixture, folder, settings)`: each a copy of a
 /// fixture model (`tests/fixtures/models/` or `model-repository/`) under its
@@ -62,6 +62,48 @@ pub async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Op
         retry,
         serde_json::from_str(&text).unwrap_or(Value::String(text)),
     )
+}
+
+/// `n` concurrent V2 requests of one row each (`[id, 0, 1, 2]`) for a copy
+/// of `slow` named `model`, with request `parameters` (`Value::Null`:
+/// none): how many were answered right (`2x`), and how many 504 with each
+/// of `late` in the error. Any other answer fails the test.
+pub async fn flood_slow(
+    s: &TestServer,
+    model: &str,
+    n: usize,
+    parameters: &Value,
+    late: &[&str],
+) -> (usize, usize) {
+    let url = s.url(&format!("/v2/models/{model}/infer"));
+    let tasks: Vec<_> = (0..n)
+        .map(|id| {
+            let rows = vec![vec![id as f64, 0.0, 1.0, 2.0]];
+            let mut body = v2_body("x", &rows);
+            if !parameters.is_null() {
+                body["parameters"] = parameters.clone();
+            }
+            let (client, url) = (s.client.clone(), url.clone());
+            tokio::spawn(async move { (rows, post(&client, &url, &body).await) })
+        })
+        .collect();
+    let (mut ok, mut timed_out) = (0, 0);
+    for t in tasks {
+        let (rows, (status, _, body)) = t.await.unwrap();
+        match status {
+            200 => {
+                assert_eq!(flat_f64(&body["outputs"][0]["data"]), doubled(&rows));
+                ok += 1;
+            }
+            504 => {
+                let e = body["error"].as_str().unwrap();
+                assert!(late.iter().all(|l| e.contains(l)), "{e}");
+                timed_out += 1;
+            }
+            other => panic!("unexpected status {other}: {body}"),
+        }
+    }
+    (ok, timed_out)
 }
 
 /// `[[2x]]` of `[[x]]`, for the `slow` and `varlen` models.
