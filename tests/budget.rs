@@ -171,6 +171,23 @@ async fn start_echo() -> (tempfile::TempDir, TestServer) {
 /// closed for not reading, its bytes come back and the request passes.
 async fn held_until_closed_for_not_reading(s: &TestServer, how: &str) {
     let (body, _) = digits_body(1);
+    // No probe until the answer is made: an answer is charged what is left
+    // of the budget, at most its size, so a probe in flight at that moment
+    // would leave room for every later probe of its size.
+    let t0 = Instant::now();
+    while Metrics::scrape(s)
+        .await
+        .sum("sluice_requests_total", &[("model", "echo")])
+        < 1.0
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the unread {how} answer was never made"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Counted just before it is charged and handed to the transport.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     // Refused once the answer is made and stuck.
     let t0 = Instant::now();
     loop {
