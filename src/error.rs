@@ -33,6 +33,15 @@ pub enum Error {
         max_queue_size: usize,
         retry_after: Duration,
     },
+    /// At its arrival, the work ahead of the request was predicted to take
+    /// it past its deadline (`refuse_predicted_late`); retry after `retry_after`.
+    #[error("model `{model}` cannot answer in time: with the requests ahead of it, this one is predicted to take {predicted:?}, past its timeout of {timeout:?}; retry later, or raise `timeout`")]
+    PredictedLate {
+        model: String,
+        predicted: Duration,
+        timeout: Duration,
+        retry_after: Duration,
+    },
     /// The request's deadline (`timeout`) passed before it was answered.
     #[error("model `{model}`: request did not complete within its timeout of {timeout:?}")]
     DeadlineExceeded { model: String, timeout: Duration },
@@ -131,7 +140,9 @@ impl Error {
             Error::InvalidInput(_) => ErrorKind::InvalidInput,
             Error::PayloadTooLarge(_) => ErrorKind::PayloadTooLarge,
             Error::RequestTimeout(_) => ErrorKind::RequestTimeout,
-            Error::Overloaded { .. } | Error::Busy { .. } => ErrorKind::Overloaded,
+            Error::Overloaded { .. } | Error::Busy { .. } | Error::PredictedLate { .. } => {
+                ErrorKind::Overloaded
+            }
             Error::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
             Error::Runtime { .. } => ErrorKind::Runtime,
             Error::Unsupported(_) => ErrorKind::Unsupported,

@@ -32,6 +32,9 @@ pub const MODEL_EVICTIONS: &str = "sluice_model_evictions_total";
 pub const COLD_START: &str = "sluice_model_cold_start_seconds";
 pub const RESIDENCY_BUDGET: &str = "sluice_residency_budget_bytes";
 pub const RESIDENCY_USED: &str = "sluice_residency_used_bytes";
+pub const BATCH_COST_FIXED: &str = "sluice_batch_cost_fixed_seconds";
+pub const BATCH_COST_PER_ROW: &str = "sluice_batch_cost_per_row_seconds";
+pub const QUEUE_WAIT_PREDICTED: &str = "sluice_queue_wait_predicted_seconds";
 pub const TLS_RELOADS: &str = "sluice_tls_reloads_total";
 pub const TLS_EXPIRATION: &str = "sluice_tls_certificate_expiration_timestamp_seconds";
 
@@ -157,6 +160,21 @@ fn describe() {
         Unit::Count,
         "Padded elements ÷ all input elements of each executed batch (models with `padding`)."
     );
+    describe_gauge!(
+        BATCH_COST_FIXED,
+        Unit::Seconds,
+        "What any batch of the model costs, whatever its size: the fixed term of its run time fitted over its last runs (T(n) = fixed + per_row·n)."
+    );
+    describe_gauge!(
+        BATCH_COST_PER_ROW,
+        Unit::Seconds,
+        "What each row adds to a batch's run time (each padded token, for a model with `padding`), fitted over its last runs."
+    );
+    describe_gauge!(
+        QUEUE_WAIT_PREDICTED,
+        Unit::Seconds,
+        "How long a request arriving now is predicted to wait before its batch runs: the work queued and running, by the fitted batch cost, shared by the model's sessions."
+    );
     describe_counter!(
         TLS_RELOADS,
         Unit::Count,
@@ -170,7 +188,7 @@ fn describe() {
     describe_counter!(
         DROPPED,
         Unit::Count,
-        "Requests that left without running, by reason (`client_gone`, `expired`, `no_room`: their model could not be loaded under the residency budgets)."
+        "Requests that left without running, by reason (`client_gone`, `expired`, `predicted_late`: refused at arrival, predicted to miss their deadline, `no_room`: their model could not be loaded under the residency budgets)."
     );
     describe_counter!(
         MODEL_LOADS,
@@ -223,6 +241,9 @@ struct ModelSeries {
     /// Registered at the first batch, so that a model that never ran shows none.
     batch_size: OnceLock<Histogram>,
     inference: OnceLock<Histogram>,
+    /// The fitted batch cost (fixed, per row) and the predicted queue wait,
+    /// registered once the cost is known.
+    cost: OnceLock<[Gauge; 3]>,
     /// `sluice_batches_total` by trigger, registered at a trigger's first
     /// batch. Locked by the batching task only (uncontended).
     batches: Mutex<Vec<(&'static str, Counter)>>,
@@ -236,6 +257,7 @@ impl ModelMetrics {
             queue_delay: histogram!(QUEUE_DELAY, "model" => model.to_string()),
             batch_size: OnceLock::new(),
             inference: OnceLock::new(),
+            cost: OnceLock::new(),
             batches: Mutex::new(Vec::new()),
         }))
     }
@@ -265,6 +287,23 @@ impl ModelMetrics {
                 batches.push((trigger, c));
             }
         }
+    }
+
+    /// The model's fitted batch cost, and the wait it predicts for a request arriving now.
+    pub fn cost(&self, fit: &crate::batcher::cost::Fit, wait: Duration) {
+        let m = &self.0;
+        let [fixed, per_row, queue] = m.cost.get_or_init(|| {
+            let model = || m.model.clone();
+            [
+                gauge!(BATCH_COST_FIXED, "model" => model()),
+                gauge!(BATCH_COST_PER_ROW, "model" => model()),
+                gauge!(QUEUE_WAIT_PREDICTED, "model" => model()),
+            ]
+        });
+        let (f, p) = fit.terms();
+        fixed.set(f);
+        per_row.set(p);
+        queue.set(wait.as_secs_f64());
     }
 
     /// A session run finished.

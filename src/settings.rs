@@ -100,6 +100,9 @@ pub struct BatchSettings {
     pub priority_levels: u32,
     /// The level of a request that names none (`default_priority`, 1 to `priority_levels`).
     pub default_priority: u32,
+    /// Refuse at once (503) a request predicted to miss its deadline
+    /// (`refuse_predicted_late`, default true), instead of a 504 when it passes.
+    pub refuse_predicted_late: bool,
 }
 
 impl BatchSettings {
@@ -300,7 +303,7 @@ pub fn validate_model_name(name: &str) -> Result<(), String> {
 
 /// The known fields of each object, space-separated.
 const TOP: &str = "name parameters max_batch_size max_batch_time batch_policy max_queue_size timeout \
-                   instances execution_provider device_ids intra_op_threads warmup pinned cuda batcher priority_levels default_priority \
+                   instances execution_provider device_ids intra_op_threads warmup pinned cuda batcher priority_levels default_priority refuse_predicted_late \
                    padding max_batch_tokens max_padding_ratio batch_axes inputs outputs implementation parallel_workers warm_workers platform versions cache_enabled";
 const PARAMETERS: &str = "uri version content_type format extra";
 const BATCHER: &str = "maxBatchSize maxLatency timeout";
@@ -367,6 +370,8 @@ impl ModelSettings {
             }
             Some(v) => w.int(v, "default_priority", 1, levels),
         };
+        let refuse_predicted_late =
+            get(top, "refuse_predicted_late").and_then(|v| w.boolean(v, "refuse_predicted_late"));
         let instances = get(top, "instances").and_then(|v| w.int(v, "instances", 1, 64));
         let provider =
             get(top, "execution_provider").and_then(|v| w.choice(v, "execution_provider", PROVIDERS, false));
@@ -422,6 +427,7 @@ impl ModelSettings {
                     .map(|x| Fraction::new(x).expect("checked to be from 0 to 1")),
                 priority_levels: levels as u32,
                 default_priority: default_priority.unwrap_or(0) as u32,
+                refuse_predicted_late: refuse_predicted_late.unwrap_or(true),
             },
             instances: instances.map_or(defaults.instances, |n| n as usize),
             execution_provider: provider.unwrap_or(defaults.execution_provider),

@@ -11,7 +11,13 @@
 //!
 //! A model with `padding` batches requests of different lengths together
 //! (`padding.rs` says how, `queue/select.rs` which requests).
+//!
+//! `cost.rs` fits what a batch costs by its size from the runs; the policy
+//! weighs waits with it, and `admission.rs` refuses at once a request
+//! predicted to miss its deadline.
 
+mod admission;
+pub mod cost;
 pub mod layout;
 pub mod padding;
 mod policy;

@@ -6,36 +6,44 @@
 //! `fixed` (KServe / MLServer): flush when the batch holds `max_batch_size`
 //! rows or `max_batch_time` has passed since its oldest request.
 //!
-//! `adaptive` (default) never waits when waiting cannot grow the batch:
+//! `adaptive` (default) never waits when waiting cannot grow the batch,
+//! and otherwise waits only when the model's cost says it pays:
 //! - a full batch is flushed at once;
 //! - while every session of the model is busy, requests keep collecting and
 //!   no timer runs: the batch could not start earlier anyway, and it grows;
-//! - when a session is free, the queued requests wait for more only if the
-//!   measured arrival rate expects the next request before the batch's
-//!   deadline (oldest arrival + `max_batch_time`), and at most until twice
-//!   the mean gap after the last arrival, and only if that wait is under a
-//!   quarter of the model's mean batch run time (a free session idles
-//!   meanwhile); otherwise they run now. So at low load a request runs at
-//!   once and its latency is the model's compute time, while under load a
-//!   request that arrives first after a batch finished waits the few
-//!   microseconds until the requests behind it arrive, instead of running as
-//!   a batch of one that the rest then queue behind (with a lone request
-//!   running at once, 21 % of `mlp`'s batches at 64 clients held one row,
-//!   at five times the CPU per row of a full batch);
-//! - but a free session never waits while the queue holds requests its
-//!   batch would leave behind (another shape's, or, for a padded model,
-//!   lengths its padding bound leaves out): they need a batch of their own
-//!   anyway, so the session stays busy (work-conserving, as TEI's
-//!   continuous batcher is).
+//! - a free session never waits while the queue holds requests its batch
+//!   would leave behind (another shape's, or, for a padded model, lengths
+//!   its padding bound leaves out): they need a batch of their own anyway,
+//!   so the session stays busy (work-conserving, as TEI's continuous
+//!   batcher is);
+//! - otherwise the batch may wait for the requests the arrival rate
+//!   expects before its deadline (oldest arrival + `max_batch_time`). With
+//!   `T(n)` the fitted run time of a batch of n rows (`cost.rs`), n rows
+//!   queued, and k rows expected within Δ: run now, and the n rows are
+//!   answered after `T(n)`, the k after `max(Δ, T(n)) + T(k)` (the session
+//!   is busy with the first batch; `Δ + T(k)` when another session is
+//!   free); wait, and all n + k are answered after `Δ + T(n + k)`. The
+//!   batch waits when that lowers the rows' summed time to an answer for
+//!   some number of expected arrivals, and then at most one mean gap past
+//!   the next expected arrival (each arrival decides again). So waiting
+//!   pays when a batch's fixed cost is large next to the gaps between
+//!   requests: under load, a request that arrives first after a batch
+//!   finished waits the few microseconds until the requests behind it
+//!   arrive, instead of running as a batch of one that the rest then queue
+//!   behind (with a lone request running at once, 21 % of `mlp`'s batches
+//!   at 64 clients held one row, at five times the CPU per row of a full
+//!   batch). At low load the gaps are long next to `T`, so a request runs
+//!   at once and its latency is the model's compute time; before the cost
+//!   is known, a lone request never waits.
 
 use std::time::{Duration, Instant};
 
+use super::cost::Fit;
 use super::queue::{Limits, State};
 use crate::settings::{BatchPolicyKind, BatchSettings};
 
-/// The adaptive policy lets a free session idle, waiting for one more
-/// request, for at most 1/IDLE_FRACTION of the model's mean batch run time.
-const IDLE_FRACTION: u32 = 4;
+/// Most expected arrivals the adaptive policy weighs a wait for.
+const LOOKAHEAD: usize = 64;
 
 /// Why a batch closed (the `trigger` label of `sluice_batches_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,28 +144,93 @@ pub fn decide(state: &State, now: Instant, settings: &BatchSettings, cap: Capaci
                 // must not idle while it waits (see the module docs).
                 return Decision::Flush(Trigger::Adaptive);
             }
-            match state.next_arrival_expected() {
-                Some(expected) if expected <= deadline => {
-                    // Slack of one more mean gap for jitter, never past the deadline.
-                    let until =
-                        (expected + (expected - state.last_arrival().unwrap_or(expected))).min(deadline);
-                    // A free session idles while we wait: only worth it for
-                    // a small fraction of what running a batch takes. A lone
-                    // request waits only once that run time is known.
-                    let worth = match state.mean_run() {
-                        Some(run) => until <= now + run / IDLE_FRACTION,
-                        None => state.len() > 1,
-                    };
-                    if until > now && worth {
-                        Decision::Wait(until - now)
-                    } else {
-                        Decision::Flush(Trigger::Adaptive)
-                    }
-                }
-                _ => Decision::Flush(Trigger::Adaptive),
+            let (Some(expected), Some(last)) = (state.next_arrival_expected(), state.last_arrival()) else {
+                return Decision::Flush(Trigger::Adaptive);
+            };
+            // Slack of one more mean gap for jitter, never past the deadline.
+            let gap = expected - last;
+            let until = (expected + gap).min(deadline);
+            if expected > deadline || until <= now {
+                return Decision::Flush(Trigger::Adaptive);
+            }
+            let worth = match state.cost() {
+                Some(fit) => worth_waiting(
+                    &fit,
+                    &Outlook {
+                        queued: state.units(),
+                        per_arrival: state.mean_units(),
+                        first: expected.saturating_duration_since(now),
+                        gap,
+                        time_left: deadline - now,
+                        room: room(state, settings),
+                        other_free: cap.free_sessions > 1,
+                    },
+                ),
+                None => state.len() > 1,
+            };
+            match worth {
+                true => Decision::Wait(until - now),
+                false => Decision::Flush(Trigger::Adaptive),
             }
         }
     }
+}
+
+/// Units the queued batch may still grow by: rows to `max_batch_size`, or
+/// for a padded model tokens to `max_batch_tokens` when that is lower.
+fn room(state: &State, settings: &BatchSettings) -> usize {
+    let queued = state.units();
+    let rows = state.len().max(1);
+    let per_row = (queued / rows).max(1);
+    let max = settings
+        .max_batch_size
+        .saturating_mul(per_row)
+        .min(settings.max_batch_tokens.unwrap_or(usize::MAX));
+    max.saturating_sub(queued)
+}
+
+/// What a wait would bring (see [`worth_waiting`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Outlook {
+    /// Units queued for the batch now.
+    pub queued: usize,
+    /// Mean units of an arriving request.
+    pub per_arrival: f64,
+    /// Until the next arrival is expected.
+    pub first: Duration,
+    /// Mean gap between arrivals after it.
+    pub gap: Duration,
+    /// Until the batch's deadline (its oldest arrival + `max_batch_time`).
+    pub time_left: Duration,
+    /// Units the batch may still grow by.
+    pub room: usize,
+    /// Another session is free for a batch of the later arrivals.
+    pub other_free: bool,
+}
+
+/// Whether waiting for some number of the expected arrivals lowers the
+/// summed time to an answer of the queued rows and those arrivals (the
+/// rule in the module docs).
+pub fn worth_waiting(fit: &Fit, o: &Outlook) -> bool {
+    let t = |units: usize| fit.predict(units).as_secs_f64();
+    let n = o.queued.max(1);
+    let run_now = t(n);
+    let per_arrival = o.per_arrival.max(1.0);
+    for j in 1..=LOOKAHEAD {
+        let delta = o.first + o.gap * (j as u32 - 1);
+        let k = (j as f64 * per_arrival).round() as usize;
+        if delta > o.time_left || k > o.room {
+            break;
+        }
+        let d = delta.as_secs_f64();
+        let later_start = if o.other_free { d } else { d.max(run_now) };
+        let now_total = n as f64 * run_now + k as f64 * (later_start + t(k));
+        let wait_total = (n + k) as f64 * (d + t(n + k));
+        if wait_total < now_total {
+            return true;
+        }
+    }
+    false
 }
 
 #[cfg(test)]
@@ -178,6 +251,7 @@ mod tests {
             max_padding_ratio: None,
             priority_levels: 0,
             default_priority: 0,
+            refuse_predicted_late: true,
         }
     }
 
@@ -286,7 +360,10 @@ mod tests {
             q.push(e);
         }
         let _ran = q.take_batch(Limits::rows(64));
-        q.record_run(Duration::from_millis(2));
+        // Its run time, seen often enough to predict from: 2 ms for 20 rows.
+        for _ in 0..3 {
+            q.record_run(20, Duration::from_millis(2));
+        }
         let lone = t0 + Duration::from_micros(190 + 1000);
         let (e, r) = entry(1, 2, lone);
         keep.push(r);
@@ -299,7 +376,9 @@ mod tests {
         let s = settings(BatchPolicyKind::Adaptive, 64, 2);
         let (mut q, lone, _keep) = after_a_burst();
         // Mean gap (1 ms + 19 × 10 µs) / 20 = 59.5 µs: expect the next at
-        // +59.5 µs, wait until twice that, well under a quarter of the 2 ms run.
+        // +59.5 µs. Only one batch size was seen, so one row is predicted
+        // to cost the same 2 ms: run now, the next row is answered after
+        // 4 ms; wait, both after 2.06 ms. Wait until one more gap.
         assert_eq!(
             decide(&q, lone, &s, FREE),
             Decision::Wait(Duration::from_nanos(119_000))
@@ -310,10 +389,11 @@ mod tests {
             Decision::Flush(Trigger::Adaptive)
         );
 
-        // The same arrivals with runs of 200 µs: waiting 119 µs would idle
-        // the session for more than a quarter of a run, so it runs at once.
-        for _ in 0..40 {
-            q.record_run(Duration::from_micros(200));
+        // The same arrivals, but a batch costs 10 µs per row and nothing
+        // fixed: run now, the lone row is answered after 10 µs and the next
+        // after 69.5 µs; wait, both after 79.5 µs. It runs at once.
+        for n in [1, 10, 20].repeat(22) {
+            q.record_run(n, Duration::from_micros(10 * n as u64));
         }
         assert_eq!(decide(&q, lone, &s, FREE), Decision::Flush(Trigger::Adaptive));
     }
@@ -373,5 +453,91 @@ mod tests {
         let (e, _r) = entry(1, 2, t0);
         q.push(e);
         assert_eq!(decide(&q, t0, &s, FREE), Decision::Flush(Trigger::Time));
+    }
+}
+
+#[cfg(test)]
+mod cost_tests {
+    //! The adaptive rule's weighing of a wait (`worth_waiting`), by table.
+    use super::*;
+
+    fn line(fixed_us: f64, per_row_us: f64) -> Fit {
+        Fit {
+            fixed: fixed_us * 1e-6,
+            per_unit: per_row_us * 1e-6,
+            only_size: None,
+            samples: 10,
+        }
+    }
+
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    #[test]
+    fn a_wait_pays_only_where_the_fixed_cost_is_large_next_to_the_gaps() {
+        let base = Outlook {
+            queued: 1,
+            per_arrival: 1.0,
+            first: us(50),
+            gap: us(50),
+            time_left: us(2_000),
+            room: 63,
+            other_free: false,
+        };
+        // (case, cost, outlook, waits)
+        let cases = [
+            // Under load: 1 ms per batch, a request every 50 µs.
+            ("fixed cost, dense arrivals", line(1_000.0, 10.0), base, true),
+            // Low load: a request every 5 ms, far past T: run at once.
+            (
+                "sparse arrivals",
+                line(1_000.0, 10.0),
+                Outlook {
+                    first: us(5_000),
+                    gap: us(5_000),
+                    time_left: us(10_000),
+                    ..base
+                },
+                false,
+            ),
+            // A batch costs only its rows: nothing to share, run at once.
+            ("per-row cost only", line(0.0, 100.0), base, false),
+            // The next arrival is not expected before the batch's deadline.
+            (
+                "past the deadline",
+                line(1_000.0, 10.0),
+                Outlook {
+                    time_left: us(40),
+                    ..base
+                },
+                false,
+            ),
+            // The batch is one row short of full: one arrival fills it.
+            (
+                "room for one",
+                line(1_000.0, 10.0),
+                Outlook { room: 1, ..base },
+                true,
+            ),
+            ("no room", line(1_000.0, 10.0), Outlook { room: 0, ..base }, false),
+            // A fixed cost four times the gap: with the session busy for
+            // T(1), the next request would wait anyway, so sharing pays...
+            ("busy session", line(200.0, 1.0), base, true),
+            // ...but with another session free for it, it would not wait:
+            // running now is sooner for both.
+            (
+                "another session free",
+                line(200.0, 1.0),
+                Outlook {
+                    other_free: true,
+                    ..base
+                },
+                false,
+            ),
+        ];
+        for (case, fit, outlook, waits) in cases {
+            assert_eq!(worth_waiting(&fit, &outlook), waits, "{case}: {outlook:?}");
+        }
     }
 }

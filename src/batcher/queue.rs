@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use super::cost::{CostModel, Fit};
 use super::layout::Layout;
 use super::padding::Padding;
 use crate::error::Error;
@@ -150,6 +151,11 @@ impl Entry {
     pub fn tokens_per_row(&self) -> usize {
         self.lengths.iter().product::<usize>().max(1)
     }
+
+    /// Its size as the cost model counts it: rows, or a padded model's tokens.
+    pub fn units(&self) -> usize {
+        self.rows.saturating_mul(self.tokens_per_row())
+    }
 }
 
 /// What bounds one batch.
@@ -213,8 +219,13 @@ pub struct State {
     /// no earlier than the one before: the arrival-rate estimate is their
     /// mean gap, and the last is the newest arrival.
     recent: VecDeque<Instant>,
-    /// Exponentially weighted mean time a batch of this model takes to run.
-    mean_run: Option<Duration>,
+    /// What a batch of this model costs, by its size.
+    cost: CostModel,
+    /// Exponentially weighted mean size ([`Entry::units`]) of an arriving entry.
+    mean_units: f64,
+    /// Units waiting, by level (index = [`Entry::level`]): what a new
+    /// entry of a level has ahead of it, without walking the queue.
+    units_by_level: Vec<usize>,
 }
 
 /// Arrivals the mean gap is taken over. A mean over a window, not a
@@ -224,8 +235,8 @@ pub struct State {
 /// next request ten times later than it comes.
 const GAP_WINDOW: usize = 32;
 
-/// Weight of the newest run in the mean run time.
-const RUN_WEIGHT: f64 = 0.2;
+/// Weight of the newest entry in the mean entry size.
+const SIZE_WEIGHT: f64 = 0.2;
 
 impl State {
     pub fn new() -> State {
@@ -242,6 +253,12 @@ impl State {
             self.recent.pop_front();
         }
         self.recent.push_back(last);
+        let units = entry.units();
+        self.mean_units = match self.mean_units > 0.0 {
+            false => units as f64,
+            true => self.mean_units * (1.0 - SIZE_WEIGHT) + units as f64 * SIZE_WEIGHT,
+        };
+        self.count(entry.level, units, true);
         // By level, then arrival: behind every entry of its level or higher.
         let at = self
             .entries
@@ -290,17 +307,50 @@ impl State {
         }
     }
 
-    /// Records how long a finished batch took to run.
-    pub fn record_run(&mut self, took: Duration) {
-        self.mean_run = Some(match self.mean_run {
-            None => took,
-            Some(m) => m.mul_f64(1.0 - RUN_WEIGHT) + took.mul_f64(RUN_WEIGHT),
-        });
+    /// Records how long a finished batch of `units` took to run.
+    pub fn record_run(&mut self, units: usize, took: Duration) {
+        self.cost.record(units, took);
     }
 
-    /// Mean run time of a batch (None until one finished).
-    pub fn mean_run(&self) -> Option<Duration> {
-        self.mean_run
+    /// The fitted cost of a batch by its size (None until enough runs finished).
+    pub fn cost(&self) -> Option<Fit> {
+        self.cost.fit()
+    }
+
+    /// Mean size ([`Entry::units`]) of an arriving entry (0 before any).
+    pub fn mean_units(&self) -> f64 {
+        self.mean_units
+    }
+
+    /// Units waiting at `level` or higher (lower numbers): what an entry
+    /// of that level, queued now, would wait behind.
+    pub fn units_ahead(&self, level: u32) -> usize {
+        let upto = (level as usize + 1).min(self.units_by_level.len());
+        self.units_by_level[..upto].iter().sum()
+    }
+
+    /// Units waiting, of every level.
+    pub fn units(&self) -> usize {
+        self.units_by_level.iter().sum()
+    }
+
+    /// Adds (or removes) an entry's units at its level.
+    fn count(&mut self, level: u32, units: usize, add: bool) {
+        let l = level as usize;
+        if self.units_by_level.len() <= l {
+            self.units_by_level.resize(l + 1, 0);
+        }
+        let n = &mut self.units_by_level[l];
+        *n = if add { *n + units } else { n.saturating_sub(units) };
+    }
+
+    /// Counts the units by level again, after entries left or moved.
+    fn recount(&mut self) {
+        self.units_by_level.iter_mut().for_each(|n| *n = 0);
+        let counts: Vec<(u32, usize)> = self.entries.iter().map(|e| (e.level, e.units())).collect();
+        for (level, units) in counts {
+            self.count(level, units, true);
+        }
     }
 
     /// Arrival of the newest entry seen.
@@ -348,6 +398,7 @@ impl State {
             }
         }
         self.entries = kept;
+        self.recount();
         dead
     }
 
@@ -364,6 +415,7 @@ impl State {
         self.entries
             .make_contiguous()
             .sort_by_key(|e| (e.level, e.arrival));
+        self.recount();
     }
 
     /// Takes the oldest entry and, in arrival order, the later entries with
@@ -392,6 +444,7 @@ impl State {
                 }
             }
             self.entries = rest;
+            self.recount();
             return batch;
         }
         let first = self.entries.pop_front().expect("checked above");
@@ -410,11 +463,15 @@ impl State {
             }
         }
         self.entries = rest;
+        for e in &batch {
+            self.count(e.level, e.units(), false);
+        }
         batch
     }
 
     /// Takes every entry (for a drain), oldest first.
     pub fn take_all(&mut self) -> Vec<Entry> {
+        self.units_by_level.clear();
         self.entries.drain(..).collect()
     }
 }

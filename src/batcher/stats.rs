@@ -19,7 +19,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::protocol::statistics::{BatchStatistics, InferStatistics, ModelStatistics, StatisticDuration};
+use super::cost::Fit;
+use crate::protocol::statistics::{
+    BatchCost, BatchStatistics, InferStatistics, ModelStatistics, PredictedBatch, StatisticDuration,
+};
 
 /// A count and a total duration.
 #[derive(Debug, Default)]
@@ -75,6 +78,9 @@ pub struct ModelStats {
     /// Batch size → (executions, input, infer, output). Written by batch tasks
     /// once per batch, read by stats requests; never held across an await.
     by_size: Mutex<BTreeMap<usize, [(u64, Duration); 3]>>,
+    /// The fitted batch cost and the predicted queue wait, written by the
+    /// batching task at each decision once there is a fit.
+    cost: Mutex<Option<(Fit, Duration)>>,
 }
 
 impl ModelStats {
@@ -114,13 +120,18 @@ impl ModelStats {
         }
     }
 
+    /// The model's fitted batch cost, and the wait it predicts for a request arriving now.
+    pub fn cost(&self, fit: &Fit, wait: Duration) {
+        *self.cost.lock().unwrap_or_else(|e| e.into_inner()) = Some((*fit, wait));
+    }
+
     /// The statistics as the protocol reports them, for `name` at `version`.
     pub fn snapshot(&self, name: &str, version: &str) -> ModelStatistics {
         let d = |(count, took): (u64, Duration)| StatisticDuration {
             count,
             ns: nanos(took),
         };
-        let batch_stats = self
+        let batch_stats: Vec<BatchStatistics> = self
             .by_size
             .lock()
             .expect("stats lock poisoned")
@@ -132,6 +143,23 @@ impl ModelStats {
                 compute_output: d(*output),
             })
             .collect();
+        let cost = *self.cost.lock().unwrap_or_else(|e| e.into_inner());
+        let batch_cost = cost.map(|(fit, wait)| {
+            let (fixed, per_row) = fit.terms();
+            BatchCost {
+                fixed_ns: (fixed * 1e9) as u64,
+                per_row_ns: (per_row * 1e9) as u64,
+                samples: fit.samples as u64,
+                queue_wait_ns: nanos(wait),
+                predicted: batch_stats
+                    .iter()
+                    .map(|b| PredictedBatch {
+                        batch_size: b.batch_size,
+                        ns: nanos(fit.predict(b.batch_size as usize)),
+                    })
+                    .collect(),
+            }
+        });
         ModelStatistics {
             name: name.to_string(),
             version: version.to_string(),
@@ -150,6 +178,7 @@ impl ModelStats {
             },
             batch_stats,
             memory_usage: Vec::new(),
+            batch_cost,
         }
     }
 }

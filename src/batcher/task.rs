@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch, Notify};
 use tracing::Instrument;
 
+use super::admission::{predicted_finish, Ahead};
 use super::layout::Batching;
 use super::padding::Padding;
 use super::policy::{decide, Capacity, Decision, Trigger};
@@ -49,12 +50,11 @@ pub(super) struct Shared {
     /// Whether requests share batches, and along which axes; turned off
     /// here when a batch's outputs do not follow its rows.
     pub batching: Arc<Batching>,
-    /// Batches whose session is free again: their run times, pushed as
-    /// each run ends by the thread that ran it (a session thread, or the
-    /// batching task for an inline run), before the answers are cut and
-    /// sent (see [`batch_done`]); taken by the batching task before each
-    /// decision.
-    pub finished: Mutex<Vec<Duration>>,
+    /// Batches whose session is free again, pushed as each run ends by the
+    /// thread that ran it (a session thread, or the batching task for an
+    /// inline run), before the answers are cut and sent (see
+    /// [`batch_done`]); taken by the batching task before each decision.
+    pub finished: Mutex<Vec<Finished>>,
     /// Set by the batching task while it waits with nothing queued (open,
     /// not draining): no decision of its can change when a batch finishes
     /// then, so finished runs do not wake it (the next request does, and it
@@ -66,18 +66,63 @@ pub(super) struct Shared {
     pub finish_wake: Notify,
 }
 
+/// A batch whose session is free again.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Finished {
+    /// Its number in [`InFlight`].
+    seq: u64,
+    /// Its size as the cost model counts it.
+    units: usize,
+    /// Its run time (zero when it did not run).
+    took: Duration,
+}
+
 impl Shared {
-    /// The finished batches' run times (a panic while it was held leaves
-    /// the list as usable as before).
-    fn finished(&self) -> std::sync::MutexGuard<'_, Vec<Duration>> {
+    /// The finished batches (a panic while it was held leaves the list as
+    /// usable as before).
+    fn finished(&self) -> std::sync::MutexGuard<'_, Vec<Finished>> {
         self.finished.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Hands `each` the finished batches' run times since the last call
-    /// (drained in place: the list keeps its buffer, so a finished batch
-    /// does not allocate).
-    fn take_finished(&self, mut each: impl FnMut(Duration)) {
+    /// Hands `each` the batches finished since the last call (drained in
+    /// place: the list keeps its buffer, so a finished batch does not
+    /// allocate).
+    fn take_finished(&self, mut each: impl FnMut(Finished)) {
         self.finished().drain(..).for_each(&mut each);
+    }
+}
+
+/// The batches dispatched whose session has not finished them (owned by
+/// the batching task): each one's number, when it was dispatched, and its
+/// predicted run time. At most one more than the model's sessions.
+#[derive(Debug, Default)]
+struct InFlight {
+    batches: Vec<(u64, Instant, Duration)>,
+    next_seq: u64,
+}
+
+impl InFlight {
+    fn len(&self) -> usize {
+        self.batches.len()
+    }
+
+    /// Counts a batch dispatched `at`, predicted to run `predicted`; returns its number.
+    fn add(&mut self, at: Instant, predicted: Duration) -> u64 {
+        self.next_seq += 1;
+        self.batches.push((self.next_seq, at, predicted));
+        self.next_seq
+    }
+
+    fn done(&mut self, seq: u64) {
+        self.batches.retain(|b| b.0 != seq);
+    }
+
+    /// What is predicted to be left of their runs at `now`.
+    fn remaining(&self, now: Instant) -> Duration {
+        self.batches
+            .iter()
+            .map(|&(_, at, predicted)| predicted.saturating_sub(now.saturating_duration_since(at)))
+            .sum()
     }
 }
 
@@ -91,8 +136,8 @@ fn next_batch_id() -> Arc<str> {
 /// unless it is `idle`. The fence pairs with the batching task's after
 /// it clears `idle`: either this sees `idle` cleared, or the batching task
 /// sees this run time in `finished`.
-fn batch_done(shared: &Shared, took: Duration) {
-    shared.finished().push(took);
+fn batch_done(shared: &Shared, finished: Finished) {
+    shared.finished().push(finished);
     fence(Ordering::SeqCst);
     if !shared.idle.load(Ordering::Relaxed) {
         shared.finish_wake.notify_one();
@@ -108,8 +153,7 @@ pub(super) async fn batching_task(
 ) {
     let mut state = State::new();
     let instances = shared.workers.instances();
-    // Batches dispatched whose session has not finished running them.
-    let mut in_flight = 0usize;
+    let mut in_flight = InFlight::default();
     let mut open = true;
     // Set by `Batcher::retire` (the model is unloading or was replaced): no
     // more waiting for batches to fill.
@@ -118,34 +162,33 @@ pub(super) async fn batching_task(
     // arriving request goes there instead.
     let mut successor: Option<Batcher> = None;
     loop {
-        shared.take_finished(|took| {
-            in_flight -= 1;
-            state.record_run(took);
+        shared.take_finished(|f| {
+            in_flight.done(f.seq);
+            state.record_run(f.units, f.took);
         });
         let now = Instant::now();
         drop_dead(&shared, &mut state, now);
-        if !open && state.is_empty() && in_flight == 0 {
+        if !open && state.is_empty() && in_flight.len() == 0 {
             break;
         }
-        let mut current = *settings.borrow();
-        if shared.batching.layout().is_none() {
-            // Each request runs alone.
-            current.max_batch_size = 1;
-        }
+        let current = current_settings(&shared, &settings);
+        publish_outlook(&shared, &state, &current, in_flight.remaining(now));
         let decision = if draining || !open {
             // Retired or closed: run what is queued as soon as a session can take it.
-            match !state.is_empty() && in_flight <= instances {
+            match !state.is_empty() && in_flight.len() <= instances {
                 true => Decision::Flush(Trigger::Drain),
                 false => Decision::Idle,
             }
         } else {
-            decide(&state, now, &current, Capacity::new(instances, in_flight))
+            decide(&state, now, &current, Capacity::new(instances, in_flight.len()))
         };
         let wait = match decision {
             Decision::Flush(trigger) => {
                 let batch = state.take_batch(Limits::of(&current));
-                in_flight += 1;
-                dispatch(&shared, batch, trigger);
+                let units = batch_units(&batch);
+                let predicted = state.cost().map_or(Duration::ZERO, |f| f.predict(units));
+                let seq = in_flight.add(now, predicted);
+                dispatch(&shared, batch, trigger, (seq, units));
                 continue;
             }
             Decision::Wait(d) => Some(d),
@@ -170,10 +213,18 @@ pub(super) async fn batching_task(
             () = shared.finish_wake.notified() => {}
             msg = entries.recv(), if open => match msg {
                 Some(msg) => {
-                    draining |= receive(&shared, &mut state, &mut successor, msg);
+                    let now = Instant::now();
+                    let mut to = Queue {
+                        state: &mut state,
+                        successor: &mut successor,
+                        settings: &current,
+                        in_flight: in_flight.remaining(now),
+                        now,
+                    };
+                    draining |= receive(&shared, &mut to, msg);
                     // Take whatever else is already there before deciding.
                     while let Ok(msg) = entries.try_recv() {
-                        draining |= receive(&shared, &mut state, &mut successor, msg);
+                        draining |= receive(&shared, &mut to, msg);
                     }
                 }
                 None => open = false,
@@ -216,20 +267,79 @@ fn until_expiry(wait: Option<Duration>, state: &State, now: Instant) -> Option<D
     }
 }
 
-/// Queues an entry, or forwards it (and, on a handoff, the whole queue) to
-/// the successor version. Returns true for a `Retire`.
-fn receive(shared: &Shared, state: &mut State, successor: &mut Option<Batcher>, msg: Msg) -> bool {
+/// The batch settings in force: the live ones, with batching off while
+/// the model's outputs do not follow its rows (each request runs alone).
+fn current_settings(shared: &Shared, settings: &watch::Receiver<BatchSettings>) -> BatchSettings {
+    let mut current = *settings.borrow();
+    if shared.batching.layout().is_none() {
+        current.max_batch_size = 1;
+    }
+    current
+}
+
+/// The rows of a batch, or a padded batch's tokens: its size as the cost
+/// model counts it.
+fn batch_units(batch: &[Entry]) -> usize {
+    let rows: usize = batch.iter().map(|e| e.rows).sum();
+    rows.saturating_mul(longest(batch).iter().product::<usize>().max(1))
+}
+
+/// Units of the largest batch of entries like `e` the settings allow.
+fn max_batch_units(settings: &BatchSettings, e: &Entry) -> usize {
+    let rows = settings.max_batch_size.max(1).saturating_mul(e.tokens_per_row());
+    rows.min(settings.max_batch_tokens.unwrap_or(usize::MAX)).max(1)
+}
+
+/// Publishes the fitted batch cost and the predicted queue wait (the
+/// gauges, and the model's statistics) once there is a fit.
+fn publish_outlook(shared: &Shared, state: &State, settings: &BatchSettings, in_flight: Duration) {
+    let Some(fit) = state.cost() else {
+        return;
+    };
+    let per_row = state.units().checked_div(state.len()).unwrap_or(1);
+    let max_batch = settings.max_batch_size.max(1).saturating_mul(per_row.max(1));
+    let ahead = Ahead {
+        in_flight,
+        queued: state.units(),
+        own: 0,
+        max_batch: max_batch.min(settings.max_batch_tokens.unwrap_or(usize::MAX)),
+        sessions: shared.workers.instances(),
+    };
+    let (_, wait) = predicted_finish(&fit, &ahead);
+    shared.metrics.cost(&fit, wait);
+    shared.stats.cost(&fit, wait);
+}
+
+/// Where [`receive`] puts what arrives, and what it needs to admit it.
+struct Queue<'a> {
+    state: &'a mut State,
+    /// The version that took over, if one did.
+    successor: &'a mut Option<Batcher>,
+    settings: &'a BatchSettings,
+    /// What is left of the dispatched batches' runs, predicted.
+    in_flight: Duration,
+    now: Instant,
+}
+
+/// Queues an entry (unless it is predicted to miss its deadline), or
+/// forwards it (and, on a handoff, the whole queue) to the successor
+/// version. Returns true for a `Retire`.
+fn receive(shared: &Shared, to: &mut Queue<'_>, msg: Msg) -> bool {
     match msg {
         Msg::Retire => return true,
-        Msg::Entry(e) => match successor {
+        Msg::Entry(e) => match to.successor {
             Some(next) => {
                 leave_queue(shared, &e);
                 next.requeue(e);
             }
-            None => state.push(e),
+            None => {
+                if let Some(e) = admit(shared, to, e) {
+                    to.state.push(e);
+                }
+            }
         },
         Msg::Handoff(next) => {
-            let moved = state.take_all();
+            let moved = to.state.take_all();
             if !moved.is_empty() {
                 tracing::info!(model = %shared.model, requests = moved.len(), "queued requests move to the new version");
             }
@@ -237,10 +347,41 @@ fn receive(shared: &Shared, state: &mut State, successor: &mut Option<Batcher>, 
                 leave_queue(shared, &e);
                 next.requeue(e);
             }
-            *successor = Some(next);
+            *to.successor = Some(next);
         }
     }
     false
+}
+
+/// The entry, unless the work ahead of it is predicted to take it past its
+/// deadline (`admission.rs`): then it is answered 503 and counted as
+/// dropped (`predicted_late`). Admitted while the model's cost is unknown,
+/// or with `refuse_predicted_late` off.
+fn admit(shared: &Shared, to: &Queue<'_>, e: Entry) -> Option<Entry> {
+    let fit = to.state.cost().filter(|_| to.settings.refuse_predicted_late);
+    let Some(fit) = fit else {
+        return Some(e);
+    };
+    let ahead = Ahead {
+        in_flight: to.in_flight,
+        queued: to.state.units_ahead(e.level),
+        own: e.units(),
+        max_batch: max_batch_units(to.settings, &e),
+        sessions: shared.workers.instances(),
+    };
+    let (finish, wait) = predicted_finish(&fit, &ahead);
+    if to.now + finish <= e.deadline {
+        return Some(e);
+    }
+    leave_queue(shared, &e);
+    metrics::dropped(&shared.model, "predicted_late");
+    let _ = e.reply.send(Err(Error::PredictedLate {
+        model: shared.model.to_string(),
+        predicted: to.now.saturating_duration_since(e.arrival) + finish,
+        timeout: e.deadline.saturating_duration_since(e.arrival),
+        retry_after: wait,
+    }));
+    None
 }
 
 /// Releases an entry's queue slot (for a request's last chunk).
@@ -253,7 +394,8 @@ fn leave_queue(shared: &Shared, entry: &Entry) {
 
 /// Records the batch and runs it: at once when it finishes at its first
 /// poll (an inline run), else on a task of its own.
-fn dispatch(shared: &Arc<Shared>, mut batch: Vec<Entry>, trigger: Trigger) {
+/// `(seq, units)`: its number in [`InFlight`] and its size.
+fn dispatch(shared: &Arc<Shared>, mut batch: Vec<Entry>, trigger: Trigger, (seq, units): (u64, usize)) {
     let now = Instant::now();
     let rows: usize = batch.iter().map(|e| e.rows).sum();
     shared.metrics.batch_dispatched(rows, trigger.as_str());
@@ -284,6 +426,8 @@ fn dispatch(shared: &Arc<Shared>, mut batch: Vec<Entry>, trigger: Trigger) {
     let done = Arc::new(Done {
         shared: shared.clone(),
         reported: AtomicBool::new(false),
+        seq,
+        units,
     });
     let mut run = Box::pin(run_batch(done, batch));
     // A fast model's small batch often runs inline and is done at its first
@@ -310,6 +454,9 @@ fn dispatch(shared: &Arc<Shared>, mut batch: Vec<Entry>, trigger: Trigger) {
 struct Done {
     shared: Arc<Shared>,
     reported: AtomicBool,
+    /// The batch's number in [`InFlight`] and its size.
+    seq: u64,
+    units: usize,
 }
 
 impl SessionFreed for Done {
@@ -318,7 +465,8 @@ impl SessionFreed for Done {
     /// and sent (for MiniLM's 26-sequence batches, megabytes of copies).
     fn session_free(&self, took: Duration) {
         if !self.reported.swap(true, Ordering::AcqRel) {
-            batch_done(&self.shared, took);
+            let (seq, units) = (self.seq, self.units);
+            batch_done(&self.shared, Finished { seq, units, took });
         }
     }
 }
@@ -473,6 +621,8 @@ async fn run(shared: &Shared, batch: &mut [Entry], on_free: Option<Arc<Done>>) -
         .map(|e| e.deadline)
         .max()
         .expect("a batch is never empty. This is a bug.");
+    // The batch's priority at the device: its most urgent entry's.
+    let level = batch.iter().map(|e| e.level).min().unwrap_or(0);
     let input = concat.elapsed();
     let lone = batch.len() == 1;
     let result = shared
@@ -480,7 +630,7 @@ async fn run(shared: &Shared, batch: &mut [Entry], on_free: Option<Arc<Done>>) -
         .run(
             inputs,
             shared.outputs.clone(),
-            deadline,
+            (deadline, level),
             lone,
             on_free.map(|d| d as Arc<dyn SessionFreed>),
         )

@@ -58,7 +58,10 @@ impl IntoResponse for ApiError {
                 HeaderValue::from_static("Bearer realm=\"sluice\""),
             );
         }
-        if let Error::Overloaded { retry_after, .. } | Error::Busy { retry_after, .. } = &self.0 {
+        if let Error::Overloaded { retry_after, .. }
+        | Error::Busy { retry_after, .. }
+        | Error::PredictedLate { retry_after, .. } = &self.0
+        {
             let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));

@@ -7,6 +7,13 @@
 //! (Keying by the batch's oldest request instead lets a model with a long
 //! backlog, whose next batch always holds older requests, starve the others.)
 //!
+//! Priority levels decide between models too: a batch of level L (its most
+//! urgent request's; a model without levels counts as level 1) is keyed as
+//! though it had asked [`LEVEL_STEP`] × (L − 1) later. A lower level thus
+//! yields the device to higher ones, yet waits at most that much longer
+//! than a higher-level batch that asked after it: its wait is bounded,
+//! never starved (priority with aging).
+//!
 //! A waiting batch is a [`Start`]: the thread that frees a slot (a session
 //! thread, when its run ends) calls it with the slot, and it hands the batch
 //! straight to its model's session thread. The next run on the device thus
@@ -15,7 +22,16 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How much later each priority level below the highest counts a batch as
+/// having asked for a slot (see the module docs).
+pub const LEVEL_STEP: Duration = Duration::from_millis(100);
+
+/// The device-queue key of a batch of priority `level` that asks at `at`.
+pub fn key(at: Instant, level: u32) -> Instant {
+    at + LEVEL_STEP * level.saturating_sub(1).min(1000)
+}
 
 /// What a batch does once it has a run slot: starts its run, which holds
 /// the permit until it ends. Called on the thread that freed the slot, so
@@ -154,7 +170,6 @@ impl Drop for DevicePermit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[tokio::test]
     async fn limit_bounds_concurrent_runs_and_oldest_goes_first() {
@@ -233,5 +248,40 @@ mod tests {
         // Every slot is back: this starts at once.
         s.submit(Instant::now(), send(tx));
         assert!(rx.try_recv().is_ok());
+    }
+}
+
+#[cfg(test)]
+mod level_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_higher_level_goes_first_and_a_lower_one_waits_a_bounded_time() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // A level-2 batch that asked 50 ms before a level-1 one still goes
+        // after it; one that asked 150 ms before goes first (100 ms a level).
+        assert!(key(t0, 2) > key(t0 + ms(50), 1));
+        assert!(key(t0, 2) < key(t0 + ms(150), 1));
+        // No levels (0) is level 1.
+        assert_eq!(key(t0, 0), key(t0, 1));
+
+        let s = DeviceScheduler::new(1);
+        let held = s.acquire(key(t0, 1)).await;
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let wait = |level: u32, name: &'static str| {
+            let (s, order) = (s.clone(), order.clone());
+            tokio::spawn(async move {
+                let _p = s.acquire(key(Instant::now(), level)).await;
+                order.lock().unwrap().push(name);
+            })
+        };
+        let low = wait(3, "low");
+        tokio::time::sleep(ms(5)).await;
+        let high = wait(1, "high");
+        tokio::time::sleep(ms(5)).await;
+        drop(held);
+        let _ = (low.await, high.await);
+        assert_eq!(*order.lock().unwrap(), ["high", "low"]);
     }
 }

@@ -8,7 +8,8 @@
 //! (oldest batch first across models) → the model's session thread. Both slots
 //! travel with the job and are released by the session thread when the run
 //! ends, so a caller that gives up can never leave the device
-//! oversubscribed. A batch that waited for its device slot is sent to its
+//! oversubscribed. (Oldest first within a priority level: a batch of a
+//! lower level counts as having asked later, see `fair.rs`.) A batch that waited for its device slot is sent to its
 //! session thread by the session thread that freed the slot, or, when its
 //! model is fast, run by that thread itself (`handoff`).
 
@@ -346,11 +347,15 @@ impl ModelWorkers {
     /// here, on the calling thread, when a session and the device are free
     /// at once. (Bigger batches come under load, when session threads are
     /// awake anyway and run beside the threads that serve HTTP.)
+    ///
+    /// `level` is the batch's priority level (1 the highest; 0 for a model
+    /// without levels, which counts as 1): at the device, a batch waits
+    /// behind other models' batches of higher levels (see `fair.rs`).
     pub async fn run(
         &self,
         inputs: Vec<Tensor>,
         outputs: Vec<String>,
-        deadline: Instant,
+        (deadline, level): (Instant, u32),
         lone: bool,
         on_free: Option<Arc<dyn SessionFreed>>,
     ) -> Result<(Vec<Tensor>, Duration), RunError> {
@@ -371,12 +376,12 @@ impl ModelWorkers {
         let (reply, rx) = oneshot::channel();
         let jobs = group.tx.clone();
         let (sessions, last_run_ns) = (group.all.clone(), self.last_run_ns.clone());
-        // The batch's place in the device queue: when it asked for a slot.
-        // With the slot, the job goes straight to a session thread of the
+        // The batch's place in the device queue: when it asked for a slot,
+        // later by its level (see `fair.rs`). With the slot, the job goes straight to a session thread of the
         // model, or, when it waited and the model is fast, runs on the
         // session thread whose run freed the slot.
         group.scheduler.submit(
-            Instant::now(),
+            fair::key(Instant::now(), level),
             Box::new(move |device| {
                 let fast = is_fast(&last_run_ns);
                 let job = Job {

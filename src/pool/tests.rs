@@ -47,7 +47,7 @@ async fn b_waits_behind_a(
     let run_a = tokio::spawn({
         let a = a.clone();
         async move {
-            a.run(Vec::new(), Vec::new(), later, false, None)
+            a.run(Vec::new(), Vec::new(), (later, 0), false, None)
                 .await
                 .map(|_| ())
         }
@@ -59,7 +59,7 @@ async fn b_waits_behind_a(
     let run_b = tokio::spawn({
         let b = b.clone();
         async move {
-            b.run(Vec::new(), Vec::new(), later, false, None)
+            b.run(Vec::new(), Vec::new(), (later, 0), false, None)
                 .await
                 .map(|_| ())
         }
@@ -113,7 +113,9 @@ async fn a_handed_over_batch_that_panics_leaves_the_thread_serving() {
     );
     let later = Instant::now() + Duration::from_secs(10);
     // `a`'s gate has no sender left: its run returns at once.
-    a.run(Vec::new(), Vec::new(), later, false, None).await.unwrap();
+    a.run(Vec::new(), Vec::new(), (later, 0), false, None)
+        .await
+        .unwrap();
 }
 
 fn workers(delay: Duration) -> (ModelWorkers, Arc<Mutex<Vec<String>>>) {
@@ -130,17 +132,23 @@ async fn a_lone_batch_of_a_fast_model_runs_inline_and_the_rest_on_the_session_th
     let later = || Instant::now() + Duration::from_secs(10);
     let here = std::thread::current().name().unwrap_or("").to_string();
     // No run yet: the first goes to the session thread.
-    w.run(Vec::new(), Vec::new(), later(), true, None).await.unwrap();
+    w.run(Vec::new(), Vec::new(), (later(), 0), true, None)
+        .await
+        .unwrap();
     // How long a run takes depends on the machine: set it, so that the
     // model counts as fast whatever this one took.
     let fast = || w.last_run_ns.store(1_000, Ordering::Relaxed);
     fast();
-    w.run(Vec::new(), Vec::new(), later(), false, None).await.unwrap();
+    w.run(Vec::new(), Vec::new(), (later(), 0), false, None)
+        .await
+        .unwrap();
     // The session thread frees the session and the device before it
     // answers: the next batch need not wait for this one's caller.
     assert_eq!(w.groups[0].sessions.available_permits(), 1);
     fast();
-    w.run(Vec::new(), Vec::new(), later(), true, None).await.unwrap();
+    w.run(Vec::new(), Vec::new(), (later(), 0), true, None)
+        .await
+        .unwrap();
     let threads = seen.lock().unwrap().clone();
     assert!(
         threads[0].starts_with("sluice-s0") && threads[1].starts_with("sluice-s0"),
@@ -149,7 +157,9 @@ async fn a_lone_batch_of_a_fast_model_runs_inline_and_the_rest_on_the_session_th
     assert_eq!(threads[2], here, "{threads:?}");
     // Inline runs keep the session thread's checks.
     fast();
-    let passed = w.run(Vec::new(), Vec::new(), Instant::now(), true, None).await;
+    let passed = w
+        .run(Vec::new(), Vec::new(), (Instant::now(), 0), true, None)
+        .await;
     assert!(matches!(passed, Err(RunError::Expired)), "{passed:?}");
 }
 
@@ -160,7 +170,7 @@ async fn a_slow_model_never_runs_inline() {
         w.run(
             Vec::new(),
             Vec::new(),
-            Instant::now() + Duration::from_secs(10),
+            (Instant::now() + Duration::from_secs(10), 0),
             true,
             None,
         )
@@ -194,7 +204,7 @@ async fn the_session_is_reported_free_once_on_the_thread_that_ran_it_with_its_sl
     let freed = Arc::new(Freed(w.groups[0].sessions.clone(), Mutex::new(Vec::new())));
     let later = Instant::now() + Duration::from_secs(10);
     let (_, took) = w
-        .run(Vec::new(), Vec::new(), later, false, Some(freed.clone()))
+        .run(Vec::new(), Vec::new(), (later, 0), false, Some(freed.clone()))
         .await
         .unwrap();
     let calls = freed.1.lock().unwrap().clone();
@@ -205,7 +215,13 @@ async fn the_session_is_reported_free_once_on_the_thread_that_ran_it_with_its_sl
     assert!(took >= delay);
     // A batch that is not run (its deadline passed) frees its session too, at zero.
     let passed = w
-        .run(Vec::new(), Vec::new(), Instant::now(), false, Some(freed.clone()))
+        .run(
+            Vec::new(),
+            Vec::new(),
+            (Instant::now(), 0),
+            false,
+            Some(freed.clone()),
+        )
         .await;
     assert!(matches!(passed, Err(RunError::Expired)), "{passed:?}");
     assert_eq!(freed.1.lock().unwrap()[1].1, Duration::ZERO);

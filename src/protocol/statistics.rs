@@ -64,6 +64,33 @@ pub struct ModelStatistics {
     /// Memory the model holds, per device (Triton's `memory_usage`).
     #[serde(default)]
     pub memory_usage: Vec<MemoryUsage>,
+    /// sluice's fitted batch cost; absent until the model has run enough
+    /// batches (REST only: Triton's gRPC message has no such field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_cost: Option<BatchCost>,
+}
+
+/// A model's batch run time as a function of its size, fitted over its
+/// last runs: `fixed_ns + per_row_ns × rows` (padded tokens for a model
+/// with `padding`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchCost {
+    pub fixed_ns: u64,
+    pub per_row_ns: u64,
+    /// Runs the fit is over.
+    pub samples: u64,
+    /// How long a request arriving now is predicted to wait for its batch to start.
+    pub queue_wait_ns: u64,
+    /// The fit's run time for each batch size of `batch_stats`, to set
+    /// beside their measured `compute_infer`.
+    pub predicted: Vec<PredictedBatch>,
+}
+
+/// The fitted run time of one batch size.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PredictedBatch {
+    pub batch_size: u64,
+    pub ns: u64,
 }
 
 /// Memory held on one device: `type` `CPU` (id 0) or `GPU` (id = device).

@@ -58,6 +58,7 @@ fn full_file_with_every_field() {
         max_padding_ratio: None,
         priority_levels: 0,
         default_priority: 0,
+        refuse_predicted_late: true,
     };
     let cuda = CudaOptions {
         gpu_mem_limit: Some(1 << 30),

@@ -182,3 +182,30 @@ fn a_long_gap_before_a_burst_moves_the_estimate_by_its_share_of_the_window() {
     assert_eq!(gap, want, "two long gaps and 30 short ones in the window");
     assert!(gap < Duration::from_micros(80), "{gap:?}");
 }
+
+#[test]
+fn units_ahead_count_each_level_and_higher() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    let mut keep = Vec::new();
+    for (level, rows) in [(2, 1), (1, 2), (3, 4), (2, 8)] {
+        let (e, rx) = entry(rows, 2, t0);
+        keep.push(rx);
+        s.push(e.with_level(level));
+    }
+    assert_eq!(
+        [1, 2, 3].map(|l| s.units_ahead(l)),
+        [2, 11, 15],
+        "level 1: its own; level 2: levels 1 and 2; level 3: all"
+    );
+    assert_eq!(s.units(), 15);
+    // Entries leave: the counts follow.
+    let b = s.take_batch(Limits::rows(4));
+    assert_eq!(b.iter().map(|e| e.rows).collect::<Vec<_>>(), [2, 1]);
+    assert_eq!([1, 2, 3].map(|l| s.units_ahead(l)), [0, 8, 12]);
+    drop(keep.remove(2));
+    assert!(s.remove_dead(t0).len() == 1);
+    assert_eq!([1, 2, 3].map(|l| s.units_ahead(l)), [0, 8, 8]);
+    s.take_all();
+    assert_eq!(s.units(), 0);
+}

@@ -142,6 +142,7 @@ fn settings(policy: BatchPolicyKind, max_batch_size: usize, max_batch_time_ms: u
         max_padding_ratio: None,
         priority_levels: 0,
         default_priority: 0,
+        refuse_predicted_late: true,
     }
 }
 
@@ -508,6 +509,7 @@ async fn a_batch_that_fails_is_retried_request_by_request_so_one_bad_request_fai
 }
 
 mod chunks;
+mod deadlines;
 mod lifecycle;
 mod padded;
 
