@@ -289,8 +289,9 @@ impl ModelMetrics {
         }
     }
 
-    /// The model's fitted batch cost, and the wait it predicts for a request arriving now.
-    pub fn cost(&self, fit: &crate::batcher::cost::Fit, wait: Duration) {
+    /// The model's fitted batch cost, `(fixed, per_row)` in seconds, and
+    /// the wait it predicts for a request arriving now.
+    pub fn cost(&self, (f, p): (f64, f64), wait: Duration) {
         let m = &self.0;
         let [fixed, per_row, queue] = m.cost.get_or_init(|| {
             let model = || m.model.clone();
@@ -300,7 +301,6 @@ impl ModelMetrics {
                 gauge!(QUEUE_WAIT_PREDICTED, "model" => model()),
             ]
         });
-        let (f, p) = fit.terms();
         fixed.set(f);
         per_row.set(p);
         queue.set(wait.as_secs_f64());

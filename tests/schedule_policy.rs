@@ -12,6 +12,7 @@ use std::collections::HashMap;
 
 use common::batching::*;
 use common::grpc::{client, infer_request};
+use common::prometheus::Metrics;
 use common::*;
 use serde_json::json;
 use sluice::protocol::grpc::inference::infer_parameter::ParameterChoice;
@@ -160,6 +161,217 @@ async fn a_higher_priority_request_jumps_a_flood_of_lower_ones() {
     assert!(
         m.contains("`priority` is 3") && m.contains("priority_levels"),
         "{m}"
+    );
+    s.stop().await.unwrap();
+}
+
+/// One request of a flood: its status, `Retry-After`, error message and
+/// how long it took to be answered.
+struct Answer {
+    status: u16,
+    retry_after: Option<String>,
+    error: String,
+    took: std::time::Duration,
+}
+
+/// Sends `n` one-row requests to `model` at once; every 200 must be `2x`.
+async fn flood(s: &TestServer, model: &str, n: usize) -> Vec<Answer> {
+    let url = s.url(&format!("/v2/models/{model}/infer"));
+    let tasks: Vec<_> = (0..n)
+        .map(|id| {
+            let rows = vec![vec![id as f64, 0.5, 1.0, 2.0]];
+            let body = v2_body("x", &rows);
+            let (client, url) = (s.client.clone(), url.clone());
+            tokio::spawn(async move {
+                let sent = std::time::Instant::now();
+                let (status, retry_after, answer) = post(&client, &url, &body).await;
+                if status == 200 {
+                    assert_eq!(flat_f64(&answer["outputs"][0]["data"]), doubled(&rows));
+                }
+                Answer {
+                    status,
+                    retry_after,
+                    error: answer["error"].as_str().unwrap_or("").to_string(),
+                    took: sent.elapsed(),
+                }
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    answers
+}
+
+/// The mean run time of `model`'s batches so far, in seconds (its statistics).
+async fn mean_run(s: &TestServer, model: &str) -> f64 {
+    let (_, stats) = s.get(&format!("/v2/models/{model}/stats")).await;
+    let infer = &stats["model_stats"][0]["inference_stats"]["compute_infer"];
+    infer["ns"].as_f64().unwrap() / infer["count"].as_f64().unwrap() / 1e9
+}
+
+fn count(answers: &[Answer], status: u16) -> usize {
+    answers.iter().filter(|a| a.status == status).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_predicted_late_is_refused_at_once_and_fewer_time_out() {
+    let settings = |refuse: bool| {
+        format!(r#"{{"max_batch_size": 1, "timeout": 0.3, "refuse_predicted_late": {refuse}}}"#)
+    };
+    let r = repo(&[
+        ("slow", "early", &settings(true)),
+        ("slow", "waits", &settings(false)),
+    ]);
+    let s = TestServer::start(r.path()).await;
+    for model in ["early", "waits"] {
+        // A few runs alone teach the batcher what a batch costs.
+        for _ in 0..3 {
+            assert!(flood(&s, model, 1).await.iter().all(|a| a.status == 200));
+        }
+    }
+    // Five times as many requests as runs of the model fit in the timeout,
+    // by what its runs alone measured.
+    let run = mean_run(&s, "early").await;
+    let n = ((5.0 * 0.3 / run).ceil() as usize).clamp(24, 400);
+    let early = flood(&s, "early", n).await;
+    let waits = flood(&s, "waits", n).await;
+    let refused: Vec<&Answer> = early.iter().filter(|a| a.status == 503).collect();
+    assert!(
+        refused.len() >= n / 2,
+        "only {} of {n} refused ({} answered; a run takes {run:.4} s)",
+        refused.len(),
+        count(&early, 200)
+    );
+    for a in &refused {
+        assert!(
+            a.error.contains("predicted") && a.error.contains("timeout"),
+            "{}",
+            a.error
+        );
+        assert!(a.retry_after.is_some(), "a 503 without Retry-After");
+        assert!(
+            a.took < std::time::Duration::from_millis(200),
+            "refused after {:?}: at admission, not at the 300 ms deadline",
+            a.took
+        );
+    }
+    let (late_early, late_waits) = (count(&early, 504), count(&waits, 504));
+    // The prediction rests on runs measured alone; the flood's own HTTP
+    // work slows the runs a little, so the last few admitted may still miss.
+    let admitted = n - refused.len();
+    assert!(
+        late_early <= (admitted / 5).max(2) && late_waits >= n / 2,
+        "504s with early refusal: {late_early} of {admitted} admitted; without: {late_waits} of {n}"
+    );
+    assert!(count(&early, 200) >= 1 && count(&waits, 503) == 0);
+
+    let m = Metrics::scrape(&s).await;
+    let dropped = m.sum(
+        "sluice_requests_dropped_total",
+        &[("model", "early"), ("reason", "predicted_late")],
+    );
+    assert_eq!(dropped as usize, refused.len());
+    // The fitted cost: the slow model's work does not depend on the rows, so
+    // its fixed term is about what a run of one row measured.
+    let fixed = m.sum("sluice_batch_cost_fixed_seconds", &[("model", "early")]);
+    let measured = mean_run(&s, "early").await;
+    let (_, stats) = s.get("/v2/models/early/stats").await;
+    let st = &stats["model_stats"][0];
+    assert!(
+        fixed > measured * 0.5 && fixed < measured * 2.0,
+        "fitted fixed cost {fixed} s, measured mean run {measured} s"
+    );
+    let cost = &st["batch_cost"];
+    assert!(cost["samples"].as_u64().unwrap() >= 3, "{cost}");
+    assert_eq!(cost["predicted"][0]["batch_size"], 1, "{cost}");
+    s.stop().await.unwrap();
+}
+
+/// What the open-loop run got for one request: when it was sent (from the
+/// start), its status and how long it took.
+type Sent = (std::time::Duration, u16, std::time::Duration);
+
+/// Offers `rate` one-row requests a second to `model` for `seconds`, open
+/// loop (sent on schedule whatever is still in flight).
+async fn open_loop(s: &TestServer, model: &str, rate: f64, seconds: f64) -> Vec<Sent> {
+    use std::time::{Duration, Instant};
+    let url = s.url(&format!("/v2/models/{model}/infer"));
+    let start = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut tasks = Vec::new();
+    while start.elapsed().as_secs_f64() < seconds {
+        tick.tick().await;
+        let body = v2_body("x", &[vec![1.0, 2.0, 3.0, 4.0]]);
+        let (client, url) = (s.client.clone(), url.clone());
+        tasks.push(tokio::spawn(async move {
+            let sent = Instant::now();
+            let (status, _, _) = post(&client, &url, &body).await;
+            (sent - start, status, sent.elapsed())
+        }));
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// The median of `v` (0 for none).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overload_keeps_its_throughput_and_latency_flat() {
+    // Batches of up to 8 rows of the slow model, which costs the same
+    // whatever the rows: its saturation is about 8 rows a run.
+    let r = repo(&[("slow", "slow", r#"{"max_batch_size": 8, "timeout": 1}"#)]);
+    let s = TestServer::start(r.path()).await;
+    let seconds = 45.0;
+    // Saturation, measured: 16 clients send back to back for 3 s.
+    let closed = std::time::Instant::now();
+    let mut served = 0;
+    while closed.elapsed().as_secs_f64() < 3.0 {
+        served += count(&flood(&s, "slow", 16).await, 200);
+    }
+    let saturation = served as f64 / closed.elapsed().as_secs_f64();
+    let sent = open_loop(&s, "slow", saturation * 1.2, seconds).await;
+    // By thirds of the run: answers within the timeout per second, and
+    // their median latency.
+    let third = |k: f64| {
+        let part: Vec<&Sent> = sent
+            .iter()
+            .filter(|(at, _, _)| (at.as_secs_f64() / (seconds / 3.0)).floor() == k)
+            .collect();
+        let ok: Vec<f64> = part
+            .iter()
+            .filter(|(_, st, _)| *st == 200)
+            .map(|(_, _, took)| took.as_secs_f64())
+            .collect();
+        (ok.len() as f64 / (seconds / 3.0), median(ok))
+    };
+    let ((first_rate, first_p50), (last_rate, last_p50)) = (third(0.0), third(2.0));
+    let late = sent.iter().filter(|(_, st, _)| *st == 504).count();
+    let what = format!(
+        "saturation {saturation:.1}/s; goodput {first_rate:.1} then {last_rate:.1}/s, \
+         median {first_p50:.3} then {last_p50:.3} s, {late} of {} timed out",
+        sent.len()
+    );
+    assert!(first_rate > saturation * 0.5, "{what}");
+    assert!(last_rate >= first_rate * 0.8, "throughput fell: {what}");
+    assert!(last_p50 <= first_p50 * 1.5 + 0.1, "queue delay grew: {what}");
+    assert!(
+        late * 20 <= sent.len(),
+        "too many admitted requests timed out: {what}"
+    );
+    // Every request was answered: 200, or refused at once (503).
+    assert!(
+        sent.iter().all(|(_, st, _)| [200, 503, 504].contains(st)),
+        "{what}"
     );
     s.stop().await.unwrap();
 }

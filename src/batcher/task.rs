@@ -306,7 +306,7 @@ fn publish_outlook(shared: &Shared, state: &State, settings: &BatchSettings, in_
         sessions: shared.workers.instances(),
     };
     let (_, wait) = predicted_finish(&fit, &ahead);
-    shared.metrics.cost(&fit, wait);
+    shared.metrics.cost(fit.terms(), wait);
     shared.stats.cost(&fit, wait);
 }
 
