@@ -7,11 +7,12 @@ against two builds of sluice side by side.
         [--seconds 60] [--load 1.2] [--timeout 1.0] [--high 0.2] [--minutes]
 
 BEFORE, AFTER: release builds (BEFORE: one without the scheduler's cost
-model, e.g. a build of 37cde55). Each serves a copy of
-tests/fixtures/models/slow (its run costs the same whatever its rows) with
+model, e.g. a build of 37cde55; "-" skips a run). Each serves
+tests/fixtures/models/slow made 8 times slower (--matmuls; its run costs
+the same whatever its rows), with
 `max_batch_size` 8 and `timeout` --timeout; AFTER also gets
 `priority_levels` 2 (requests without `priority` are level 2). The
-saturation rate is measured once, on BEFORE (32 clients back to back for
+saturation rate is measured once, on the first run's server (16 clients back to back for
 10 s); both runs are then offered the same Poisson arrivals at --load times
 it for --seconds, a fraction --high of them asking `priority` 1 (BEFORE
 ignores the parameter). Latency counts from the scheduled send time.
@@ -40,11 +41,39 @@ HTTP, GRPC = 18700, 18701
 BODY = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
 
 
-def repo(timeout, levels):
+def slower(src, dst, matmuls):
+    """The slow fixture with `matmuls` products in its chain of work instead
+    of 16 (its run still costs the same whatever its rows)."""
+    import onnx
+    from onnx import helper
+
+    m = onnx.load(src)
+    nodes = list(m.graph.node)
+    work = [n for n in nodes if n.name.startswith("work")]
+    last = work[-1].output[0]
+    at = nodes.index(work[-1]) + 1
+    extra = []
+    for i in range(matmuls - len(work)):
+        out = f"more{i}"
+        extra.append(helper.make_node("MatMul", [last, "W"], [out], name=f"more_work{i}"))
+        last = out
+    for n in nodes[at:]:
+        if n.name == "mean_work":
+            n.input[0] = last
+    del m.graph.node[:]
+    m.graph.node.extend(nodes[:at] + extra + nodes[at:])
+    onnx.save(m, dst)
+
+
+def repo(timeout, levels, matmuls):
     out = tempfile.mkdtemp()
     folder = os.path.join(out, "slow")
-    shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "models", "slow"), folder)
-    settings = {"max_batch_size": 8, "timeout": timeout}
+    os.makedirs(folder)
+    slower(os.path.join(ROOT, "tests", "fixtures", "models", "slow", "model.onnx"),
+           os.path.join(folder, "model.onnx"), matmuls)
+    # One core computes, the other serves HTTP and runs this client: with
+    # both computing, the client's sends themselves are late.
+    settings = {"max_batch_size": 8, "timeout": timeout, "intra_op_threads": 1}
     if levels:
         settings["priority_levels"] = 2
     with open(os.path.join(folder, "model-settings.json"), "w") as f:
@@ -76,7 +105,7 @@ def send(conn, high):
     return r.status
 
 
-def saturation(seconds=10.0, clients=32):
+def saturation(seconds=10.0, clients=16):
     done = []
     stop = time.monotonic() + seconds
 
@@ -116,7 +145,7 @@ def open_loop(rate, seconds, high_fraction, seed=7):
             with lock:
                 results.append((offset, high, status, time.monotonic() - due))
 
-    workers = [threading.Thread(target=worker, daemon=True) for _ in range(int(rate * 3) + 32)]
+    workers = [threading.Thread(target=worker, daemon=True) for _ in range(int(rate * 2) + 32)]
     for w in workers:
         w.start()
     start = time.monotonic()
@@ -179,13 +208,16 @@ def main():
     p.add_argument("--high", type=float, default=0.2)
     p.add_argument("--minutes", action="store_true", help="goodput and median latency per minute")
     p.add_argument("--rate", type=float, default=0, help="offer this rate instead of measuring saturation")
+    p.add_argument("--matmuls", type=int, default=128,
+                   help="products of 512x512 matrices per run (the fixture has 16: too fast a model "
+                        "makes the Python client, not the server, the limit)")
     args = p.parse_args()
     rate = args.rate
     runs = []
     for name, binary, levels in [("before", args.before, False), ("after", args.after, True)]:
         if binary == "-":
             continue
-        server = serve(binary, repo(args.timeout, levels))
+        server = serve(binary, repo(args.timeout, levels, args.matmuls))
         try:
             if not rate:
                 sat = saturation()

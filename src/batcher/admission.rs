@@ -31,6 +31,9 @@ pub struct Ahead {
     pub max_batch: usize,
     /// The model's sessions.
     pub sessions: usize,
+    /// Units a second arriving at higher levels, which will go ahead of it
+    /// while it waits (0 at the highest level).
+    pub arriving_above: f64,
 }
 
 /// How long after arriving the request is predicted to be answered, and
@@ -45,8 +48,18 @@ pub fn predicted_finish(fit: &Fit, a: &Ahead) -> (Duration, Duration) {
     }
     let sessions = a.sessions.max(1) as u32;
     let own_batch = fit.predict(if rest > 0 { rest } else { max });
-    let finish = ((a.in_flight + queue) / sessions).max(own_batch);
-    let ahead = (a.in_flight + queue.saturating_sub(own_batch)) / sessions;
+    // While it waits, higher levels arrive and go first: each second of
+    // waiting brings `load` seconds of their work (queueing theory's
+    // W = W0 / (1 − ρ) for the classes above).
+    let per_unit = fit.predict(max).as_secs_f64() / max as f64 / f64::from(sessions);
+    let load = a.arriving_above * per_unit;
+    if load >= 0.99 {
+        // Higher levels alone fill the sessions: it would wait until promoted.
+        return (Duration::MAX, Duration::from_secs(1));
+    }
+    let stretch = |d: Duration| d.div_f64(1.0 - load);
+    let finish = stretch((a.in_flight + queue) / sessions).max(own_batch);
+    let ahead = stretch((a.in_flight + queue.saturating_sub(own_batch)) / sessions);
     (finish, ahead)
 }
 
@@ -80,6 +93,7 @@ mod tests {
             own: 1,
             max_batch: 10,
             sessions: 1,
+            arriving_above: 0.0,
         };
         // (what changes, predicted finish in ms, work ahead in ms)
         let cases = [
@@ -118,11 +132,28 @@ mod tests {
                 1.6,
                 0.0,
             ),
+            // Higher levels arrive at 2,500 rows/s, each 0.2 ms of a full
+            // batch: they take half the session, so the wait doubles.
+            (
+                Ahead {
+                    queued: 25,
+                    arriving_above: 2500.0,
+                    ..base
+                },
+                11.2,
+                8.0,
+            ),
         ];
         for (a, finish, ahead) in cases {
             let (f, w) = predicted_finish(&fit(), &a);
             assert!(near(f, ms(finish)), "{a:?}: finish {f:?}, expected {finish} ms");
             assert!(near(w, ms(ahead)), "{a:?}: ahead {w:?}, expected {ahead} ms");
         }
+        // Higher levels that fill the sessions: it cannot be predicted to finish.
+        let full = Ahead {
+            arriving_above: 5000.0,
+            ..base
+        };
+        assert_eq!(predicted_finish(&fit(), &full).0, Duration::MAX);
     }
 }

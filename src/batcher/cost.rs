@@ -92,6 +92,13 @@ impl CostModel {
     pub fn predict(&self, units: usize) -> Option<Duration> {
         self.fit.map(|f| f.predict(units))
     }
+
+    /// Predicted run time of a batch of the mean size of the last runs.
+    pub fn typical(&self) -> Option<Duration> {
+        let n = self.runs.len().max(1) as f64;
+        let mean = self.runs.iter().map(|r| r.0).sum::<f64>() / n;
+        self.predict(mean.round() as usize)
+    }
 }
 
 /// Least squares over `runs` (see the module docs).

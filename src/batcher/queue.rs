@@ -47,9 +47,10 @@ pub struct Entry {
     pub deadline: Instant,
     /// Its priority level: the queue keeps entries by level, then arrival;
     /// 1 is the highest, 0 when the model has no priority levels. An entry
-    /// that has waited half its time to its deadline moves to the highest
-    /// level (see [`State::remove_dead`]): a low level waits behind higher
-    /// ones for at most half its timeout.
+    /// whose deadline is within two typical batch runs (before the cost is
+    /// known: that has waited half its time to its deadline) moves to the
+    /// highest level (see [`State::remove_dead`]): a low level waits behind
+    /// higher ones only while it can still make its deadline.
     pub level: u32,
     /// The submitting request awaits here; closed when the client went away.
     pub reply: oneshot::Sender<EntryResult>,
@@ -141,10 +142,14 @@ impl Entry {
         self
     }
 
-    /// Whether it has waited half its time to its deadline (and moves to
-    /// the highest level).
-    fn due_for_promotion(&self, now: Instant) -> bool {
-        self.level > 1 && now >= self.arrival + (self.deadline - self.arrival) / 2
+    /// Whether it moves to the highest level now: its deadline is within
+    /// `horizon`, or with no horizon it has waited half its time to it.
+    fn due_for_promotion(&self, now: Instant, horizon: Option<Duration>) -> bool {
+        self.level > 1
+            && match horizon {
+                Some(h) => now + h >= self.deadline,
+                None => now >= self.arrival + (self.deadline - self.arrival) / 2,
+            }
     }
 
     /// Padded elements per row: the product of its lengths (1 without padding).
@@ -226,6 +231,9 @@ pub struct State {
     /// Units waiting, by level (index = [`Entry::level`]): what a new
     /// entry of a level has ahead of it, without walking the queue.
     units_by_level: Vec<usize>,
+    /// Units arrived, by level, exponentially weighted (each arrival
+    /// weighs the past by 1 − SIZE_WEIGHT / 8): each level's share of the arrivals.
+    arrived_by_level: Vec<f64>,
 }
 
 /// Arrivals the mean gap is taken over. A mean over a window, not a
@@ -259,6 +267,14 @@ impl State {
             true => self.mean_units * (1.0 - SIZE_WEIGHT) + units as f64 * SIZE_WEIGHT,
         };
         self.count(entry.level, units, true);
+        let level = entry.level as usize;
+        if self.arrived_by_level.len() <= level {
+            self.arrived_by_level.resize(level + 1, 0.0);
+        }
+        self.arrived_by_level
+            .iter_mut()
+            .for_each(|a| *a *= 1.0 - SIZE_WEIGHT / 8.0);
+        self.arrived_by_level[level] += units as f64;
         // By level, then arrival: behind every entry of its level or higher.
         let at = self
             .entries
@@ -320,6 +336,17 @@ impl State {
     /// Mean size ([`Entry::units`]) of an arriving entry (0 before any).
     pub fn mean_units(&self) -> f64 {
         self.mean_units
+    }
+
+    /// Units a second arriving at levels above `level` (lower numbers): the
+    /// work that will jump an entry of that level while it waits.
+    pub fn arriving_above(&self, level: u32) -> f64 {
+        let total: f64 = self.arrived_by_level.iter().sum();
+        let above: f64 = self.arrived_by_level.iter().take(level as usize).sum();
+        match (self.mean_gap(), total > 0.0) {
+            (Some(gap), true) if !gap.is_zero() => above / total * self.mean_units / gap.as_secs_f64(),
+            _ => 0.0,
+        }
     }
 
     /// Units waiting at `level` or higher (lower numbers): what an entry
@@ -402,13 +429,18 @@ impl State {
         dead
     }
 
-    /// Moves every entry that has waited half its time to its deadline to
-    /// the highest level, among that level's entries by arrival.
+    /// Moves every entry due (see [`Entry::level`]) to the highest level,
+    /// among that level's entries by arrival.
     fn promote(&mut self, now: Instant) {
-        if !self.entries.iter().any(|e| e.due_for_promotion(now)) {
+        let horizon = self.cost.typical().map(|t| t * 2);
+        if !self.entries.iter().any(|e| e.due_for_promotion(now, horizon)) {
             return;
         }
-        for e in self.entries.iter_mut().filter(|e| e.due_for_promotion(now)) {
+        for e in self
+            .entries
+            .iter_mut()
+            .filter(|e| e.due_for_promotion(now, horizon))
+        {
             e.level = 1;
         }
         // Stable: a request's chunks (one arrival) keep their order.

@@ -304,6 +304,7 @@ fn publish_outlook(shared: &Shared, state: &State, settings: &BatchSettings, in_
         own: 0,
         max_batch: max_batch.min(settings.max_batch_tokens.unwrap_or(usize::MAX)),
         sessions: shared.workers.instances(),
+        arriving_above: 0.0,
     };
     let (_, wait) = predicted_finish(&fit, &ahead);
     shared.metrics.cost(fit.terms(), wait);
@@ -368,16 +369,26 @@ fn admit(shared: &Shared, to: &Queue<'_>, e: Entry) -> Option<Entry> {
         own: e.units(),
         max_batch: max_batch_units(to.settings, &e),
         sessions: shared.workers.instances(),
+        arriving_above: to.state.arriving_above(e.level),
     };
     let (finish, wait) = predicted_finish(&fit, &ahead);
-    if to.now + finish <= e.deadline {
+    // Under overload every admitted request is one whose prediction just
+    // fits: a margin of one batch (never more than the wait ahead, so an
+    // idle model admits whatever its own run allows) keeps an error of one
+    // batch in the prediction from being a 504.
+    let margin = fit.predict(ahead.max_batch).min(wait);
+    if to
+        .now
+        .checked_add(finish.saturating_add(margin))
+        .is_some_and(|f| f <= e.deadline)
+    {
         return Some(e);
     }
     leave_queue(shared, &e);
     metrics::dropped(&shared.model, "predicted_late");
     let _ = e.reply.send(Err(Error::PredictedLate {
         model: shared.model.to_string(),
-        predicted: to.now.saturating_duration_since(e.arrival) + finish,
+        predicted: to.now.saturating_duration_since(e.arrival).saturating_add(finish),
         timeout: e.deadline.saturating_duration_since(e.arrival),
         retry_after: wait,
     }));
