@@ -47,7 +47,7 @@ pub struct Entry {
     pub deadline: Instant,
     /// Its priority level: the queue keeps entries by level, then arrival;
     /// 1 is the highest, 0 when the model has no priority levels. An entry
-    /// whose deadline is within two typical batch runs (before the cost is
+    /// whose deadline is within three typical batch runs (before the cost is
     /// known: that has waited half its time to its deadline) moves to the
     /// highest level (see [`State::remove_dead`]): a low level waits behind
     /// higher ones only while it can still make its deadline.
@@ -432,7 +432,8 @@ impl State {
     /// Moves every entry due (see [`Entry::level`]) to the highest level,
     /// among that level's entries by arrival.
     fn promote(&mut self, now: Instant) {
-        let horizon = self.cost.typical().map(|t| t * 2);
+        // The batch running, one formed ahead of it, then its own.
+        let horizon = self.cost.typical().map(|t| t * 3);
         if !self.entries.iter().any(|e| e.due_for_promotion(now, horizon)) {
             return;
         }

@@ -373,10 +373,14 @@ fn admit(shared: &Shared, to: &Queue<'_>, e: Entry) -> Option<Entry> {
     };
     let (finish, wait) = predicted_finish(&fit, &ahead);
     // Under overload every admitted request is one whose prediction just
-    // fits: a margin of one batch (never more than the wait ahead, so an
-    // idle model admits whatever its own run allows) keeps an error of one
-    // batch in the prediction from being a 504.
-    let margin = fit.predict(ahead.max_batch).min(wait);
+    // fits: a margin of one batch keeps an error of one batch in the
+    // prediction from being a 504. A request that higher levels can jump
+    // keeps the three batches before its deadline at which it would be
+    // promoted over them (`queue.rs`): admitted, it should not need to be.
+    // Never more than the wait ahead: an idle model admits whatever its own
+    // run allows.
+    let batches = if ahead.arriving_above > 0.0 { 3 } else { 1 };
+    let margin = (fit.predict(ahead.max_batch) * batches).min(wait);
     if to
         .now
         .checked_add(finish.saturating_add(margin))

@@ -47,6 +47,13 @@ mod tests {
             timeout: Duration::from_secs(1),
         };
         assert_eq!(status(&overloaded).code(), Code::Unavailable);
+        let predicted_late = Error::PredictedLate {
+            model: "m".into(),
+            predicted: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            retry_after: Duration::from_secs(1),
+        };
+        assert_eq!(status(&predicted_late).code(), Code::Unavailable);
         assert_eq!(status(&late).code(), Code::DeadlineExceeded);
         assert_eq!(status(&Error::invalid("bad")).code(), Code::InvalidArgument);
         assert_eq!(status(&Error::invalid("bad")).message(), "bad");

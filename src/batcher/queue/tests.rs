@@ -209,3 +209,26 @@ fn units_ahead_count_each_level_and_higher() {
     s.take_all();
     assert_eq!(s.units(), 0);
 }
+
+#[test]
+fn once_the_cost_is_known_a_low_level_is_promoted_three_runs_before_its_deadline() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    for _ in 0..3 {
+        s.record_run(2, Duration::from_secs(1));
+    }
+    let mut keep = Vec::new();
+    // The low one arrived first, the high one 1 ms later.
+    for (i, (level, rows)) in [(2, 1), (1, 2)].into_iter().enumerate() {
+        let (e, rx) = entry(rows, 2, t0 + Duration::from_millis(i as u64));
+        keep.push(rx);
+        s.push(e.with_level(level));
+    }
+    let order = |s: &State| s.entries.iter().map(|e| e.rows).collect::<Vec<_>>();
+    // Half its 60 s is no longer the rule: at 56.9 s it still waits...
+    assert!(s.remove_dead(t0 + Duration::from_millis(56_900)).is_empty());
+    assert_eq!(order(&s), [2, 1]);
+    // ...and three runs of 1 s before its deadline it goes first.
+    assert!(s.remove_dead(t0 + Duration::from_secs(57)).is_empty());
+    assert_eq!(order(&s), [1, 2]);
+}
