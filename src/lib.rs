@@ -10,7 +10,8 @@
 //! [`access`], [`shutdown`], [`tls`] (both ports' certificate), [`telemetry`]
 //! (OpenTelemetry spans; off unless the binary installs an exporter) →
 //! [`config`] → [`settings`] (a model's `model-settings.json`), [`protocol`] →
-//! [`tensor`] → [`error`].
+//! [`tensor`] → [`error`], [`watch`] (file-change notices for the repository
+//! and the certificate).
 //!
 //! Data flow of one request: an HTTP handler (or a gRPC method) decodes it into a
 //! [`protocol::InferRequest`], takes the model's `Arc<ModelHandle>` from the
@@ -40,6 +41,7 @@ pub mod telemetry;
 pub mod tensor;
 pub mod tls;
 pub mod transport;
+pub mod watch;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 /// layer's and lower layers' modules only. Same-layer modules must not use
 /// each other (checked below), except where listed in `SAME_LAYER_OK`.
 const LAYERS: &[&[&str]] = &[
-    &["error"],
+    &["error", "watch"],
     &["tensor"],
     &["protocol", "settings"],
     &["config"],

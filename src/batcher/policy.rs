@@ -29,12 +29,11 @@
 //!   pays when a batch's fixed cost is large next to the gaps between
 //!   requests: under load, a request that arrives first after a batch
 //!   finished waits the few microseconds until the requests behind it
-//!   arrive, instead of running as a batch of one that the rest then queue
-//!   behind (with a lone request running at once, 21 % of `mlp`'s batches
-//!   at 64 clients held one row, at five times the CPU per row of a full
-//!   batch). At low load the gaps are long next to `T`, so a request runs
-//!   at once and its latency is the model's compute time; before the cost
-//!   is known, a lone request never waits.
+//!   arrive, instead of running as a batch of one, at several times the CPU
+//!   per row of a full batch, that the rest then queue behind. At low load
+//!   the gaps are long next to `T`, so a request runs at once and its
+//!   latency is the model's compute time; before the cost is known, a lone
+//!   request never waits.
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! A loaded model: its settings, its ONNX signature, and the path a request
 //! takes through it (validate → batcher → pool → split outputs).
 
-pub mod config;
+pub mod report;
 pub mod state;
 pub mod warmup;
 

@@ -1,17 +1,23 @@
-//! The shared session pool (SPEC §6). Every model's sessions run on
-//! dedicated OS threads (never on the async runtime: `Session::run` blocks
-//! for the whole inference). One [`DeviceScheduler`] per device (the CPU,
-//! each GPU) bounds how many batches run on it at once across all models,
-//! and hands free slots to the batch that has waited longest for one.
+//! The shared session pool (SPEC §6). Each session has a dedicated OS
+//! thread. One [`DeviceScheduler`] per device (the CPU, each GPU) bounds how
+//! many batches run on it at once across all models, and hands free slots
+//! to the batch that has waited longest for one (within a priority level:
+//! a batch of a lower level counts as having asked later, see `fair.rs`).
 //!
-//! A batch goes: model session slot (FIFO within the model) → device slot
-//! (oldest batch first across models) → the model's session thread. Both slots
-//! travel with the job and are released by the session thread when the run
-//! ends, so a caller that gives up can never leave the device
-//! oversubscribed. (Oldest first within a priority level: a batch of a
-//! lower level counts as having asked later, see `fair.rs`.) A batch that waited for its device slot is sent to its
-//! session thread by the session thread that freed the slot, or, when its
-//! model is fast, run by that thread itself (`handoff`).
+//! A batch takes a session slot of its model (FIFO within the model), then
+//! a device slot; both travel with it and are released when its run ends,
+//! so a caller that gives up can never leave the device oversubscribed. It
+//! then runs in one of three places:
+//! - **inline**, on the thread that formed it (the batching task, on the
+//!   async runtime), when it is a lone request of a model whose runs take
+//!   under [`INLINE_RUN_LIMIT`] and a session and the device are free at
+//!   once: waking a session thread would cost more than the run;
+//! - **on its model's session thread**, the usual place: `Session::run`
+//!   blocks for the whole inference, so longer runs never hold an async
+//!   worker;
+//! - **on the session thread that freed its device slot** (another model's,
+//!   `handoff`), when it had to wait for that slot and its model is fast:
+//!   the next run on the device starts without waking a second thread.
 
 mod cancel;
 pub mod fair;
@@ -183,8 +189,8 @@ pub struct ModelWorkers {
 /// Session threads alive, process-wide. Each owns its session until it
 /// exits, and the process waits for them before it exits
 /// ([`wait_for_session_threads`]): a CUDA session still being destroyed
-/// while the process tore down its libraries crashed sluice after a clean
-/// shutdown on the H200 (SIGSEGV after "sluice stopped", once in four runs).
+/// while the process tears down its libraries can crash it after a clean
+/// shutdown.
 static LIVE_THREADS: LiveThreads = LiveThreads {
     count: Mutex::new(0),
     exited: Condvar::new(),

@@ -322,7 +322,7 @@ mod tests {
 
     #[test]
     fn a_huge_declared_shape_reserves_by_the_text_not_the_shape() {
-        // A 10-byte body declaring 2^40 elements reserved 2^24 (128 MiB of i64) before.
+        // A 10-byte body declaring 2^40 elements must not reserve for 2^40.
         assert_eq!(capacity(1 << 40, "[1, 2, 3]"), 5);
         assert_eq!(capacity(3, "[1, 2, 3]"), 3);
         let err = dec(DataType::I64, "[1, 2, 3]", 1 << 40).unwrap_err();

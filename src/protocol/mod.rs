@@ -11,7 +11,6 @@ pub mod binary;
 pub mod grpc;
 mod json;
 mod json_data;
-mod json_f32;
 mod json_number;
 pub mod model_config;
 pub mod statistics;
@@ -21,7 +20,6 @@ pub mod v2_binary;
 mod v2_scan;
 
 pub(crate) use json::{element_to_json, parse_elements, JsonElements};
-pub(crate) use json_f32::to_writer as json_to_writer;
 
 use crate::error::Error;
 use crate::tensor::{DataType, Signature, Tensor, TensorSpec};

@@ -265,12 +265,9 @@ struct JsonOutput<'a> {
 }
 
 impl JsonResponse<'_> {
-    /// Writes the response as compact JSON. Write it with this, not with
-    /// `serde_json::to_writer`: FP32 outputs go to the serializer as f32s,
-    /// and only this writer's formatter gives them the text sluice has
-    /// always sent (`protocol/json_f32.rs`).
+    /// Writes the response as compact JSON (FP32 outputs as their shortest decimals).
     pub fn write_to<W: std::io::Write>(&self, w: W) -> serde_json::Result<()> {
-        super::json_to_writer(w, self)
+        serde_json::to_writer(w, self)
     }
 }
 

@@ -296,7 +296,7 @@ pub fn encode_response(resp: &InferResponse, encoding: &OutputEncoding) -> Encod
             .collect(),
     };
     let mut body = Vec::new();
-    super::json_to_writer(&mut body, &header).expect("a response header serializes. This is a bug.");
+    serde_json::to_writer(&mut body, &header).expect("a response header serializes. This is a bug.");
     let header_length = body.len();
     body.reserve(binary.iter().map(|t| binary::encoded_len(&t.data)).sum());
     for t in binary {

@@ -51,19 +51,9 @@ pub fn watch(
     // task below, which holds the receiver.
     let (tx, rx) = mpsc::unbounded_channel::<()>();
     let poll_tx = tx.clone();
-    let handler = move |res: notify::Result<notify::Event>| match res {
-        Ok(ev) if !matches!(ev.kind, notify::EventKind::Access(_)) => {
-            let _ = tx.send(());
-        }
-        Ok(_) => {}
-        Err(e) => {
-            tracing::warn!(error = %e, "repository watcher error; rescanning");
-            let _ = tx.send(());
-        }
-    };
     let mut watcher: Option<Box<dyn Watcher + Send>> = match mode {
         WatchMode::Off => return Ok(None),
-        WatchMode::Events => Some(Box::new(notify::recommended_watcher(handler)?)),
+        WatchMode::Events => Some(Box::new(crate::watch::watcher("model repository", tx)?)),
         WatchMode::Poll => None,
     };
     let root: PathBuf = root.to_path_buf();
@@ -131,7 +121,7 @@ impl Follow {
                 ev = events.recv() => match ev {
                     None => return,
                     Some(()) => {
-                        quiet(self.debounce, &mut events).await;
+                        crate::watch::settle(self.debounce, &mut events).await;
                         // Re-add the watch after each burst: an editor's rename or a
                         // ConfigMap swap replaces inodes, and a replaced root would
                         // otherwise silently stop being watched.
@@ -237,12 +227,6 @@ impl Follow {
         l.last = Some(now);
         changed
     }
-}
-
-/// Drains `events` until quiet for `debounce`. (A free function: the
-/// watcher is not `Sync`, so no `&Follow` may be held across an await.)
-async fn quiet(debounce: Duration, events: &mut mpsc::UnboundedReceiver<()>) {
-    while let Ok(Some(())) = tokio::time::timeout(debounce, events.recv()).await {}
 }
 
 /// What one entry of the repository looked like at a poll.

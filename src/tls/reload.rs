@@ -12,6 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher};
+
+use crate::watch;
 use rustls::sign::CertifiedKey;
 use tokio::sync::mpsc;
 
@@ -66,12 +68,7 @@ fn watch_folders(
     files: &TlsFiles,
     tx: mpsc::UnboundedSender<()>,
 ) -> notify::Result<notify::RecommendedWatcher> {
-    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        // Our own reads are access events: they must not trigger a check.
-        if matches!(res, Ok(ev) if !matches!(ev.kind, notify::EventKind::Access(_))) {
-            let _ = tx.send(());
-        }
-    })?;
+    let mut watcher = watch::watcher("TLS files", tx)?;
     for dir in folders(files) {
         watcher.watch(&dir, RecursiveMode::NonRecursive)?;
     }
@@ -89,7 +86,7 @@ async fn reload_task(
     tick.tick().await;
     loop {
         tokio::select! {
-            Some(()) = events.recv() => quiet(&mut events).await,
+            Some(()) = events.recv() => watch::settle(DEBOUNCE, &mut events).await,
             _ = tick.tick() => {}
         }
         let read = {
@@ -115,11 +112,6 @@ async fn reload_task(
             }
         }
     }
-}
-
-/// Waits until no event has come for [`DEBOUNCE`].
-async fn quiet(events: &mut mpsc::UnboundedReceiver<()>) {
-    while let Ok(Some(())) = tokio::time::timeout(DEBOUNCE, events.recv()).await {}
 }
 
 /// What the files held at the last load and at the last refusal, so that

@@ -265,50 +265,26 @@ fn connection_cap(wanted: usize, quarters: u64, key: &str) -> usize {
 }
 
 /// The soft open-file limit (RLIMIT_NOFILE), if it can be read.
-#[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every target
 fn open_file_limit() -> Option<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit only writes the struct we pass.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return None;
-    }
-    Some(lim.rlim_cur as u64)
+    rlimit::Resource::NOFILE.get_soft().ok()
 }
 
 /// Raises the soft open-file limit to the hard one (a process may, without
 /// privileges), so that the connection limit, not the descriptor table,
 /// decides how many clients are served. Returns the soft limit now.
-#[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every target
 pub fn raise_open_file_limit() -> Option<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit read and write only the struct we pass.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return None;
+    let (soft, hard) = rlimit::Resource::NOFILE.get().ok()?;
+    if soft >= hard {
+        return Some(soft);
+    }
+    match rlimit::Resource::NOFILE.set(hard, hard) {
+        Ok(()) => {
+            tracing::info!(from = soft, to = hard, "open-file limit raised");
+            Some(hard)
         }
-        if lim.rlim_cur < lim.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: lim.rlim_max,
-                rlim_max: lim.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                tracing::info!(
-                    from = lim.rlim_cur as u64,
-                    to = lim.rlim_max as u64,
-                    "open-file limit raised"
-                );
-                lim = raised;
-            } else {
-                let e = std::io::Error::last_os_error();
-                tracing::warn!(error = %e, soft = lim.rlim_cur as u64, "cannot raise the open-file limit");
-            }
+        Err(e) => {
+            tracing::warn!(error = %e, soft, "cannot raise the open-file limit");
+            Some(soft)
         }
     }
-    Some(lim.rlim_cur as u64)
 }

@@ -12,9 +12,9 @@
 //! it again in place, before the task returns, instead of going to tokio.
 //!
 //! Under load the yield spreads connections over the workers, and polling in
-//! place was measured worse there (100 models, 64 clients: +20 % CPU per
-//! request), so a self-wake is handed to tokio as before whenever more than
-//! [`IN_PLACE_MAX`] requests are running on the port (`Running`).
+//! place costs more CPU per request there (benches/README.md), so a
+//! self-wake is handed to tokio whenever more than [`IN_PLACE_MAX`]
+//! requests are running on the port (`Running`).
 
 use std::future::Future;
 use std::pin::Pin;
