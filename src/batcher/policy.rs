@@ -222,6 +222,11 @@ pub fn worth_waiting(fit: &Fit, o: &Outlook) -> bool {
             break;
         }
         let d = delta.as_secs_f64();
+        if d >= run_now {
+            // From here on waiting never pays: the n rows alone lose n·(d − T(n))
+            // at least, more than sharing a batch can give back (T only grows).
+            break;
+        }
         let later_start = if o.other_free { d } else { d.max(run_now) };
         let now_total = n as f64 * run_now + k as f64 * (later_start + t(k));
         let wait_total = (n + k) as f64 * (d + t(n + k));

@@ -432,6 +432,9 @@ impl State {
     /// Moves every entry due (see [`Entry::level`]) to the highest level,
     /// among that level's entries by arrival.
     fn promote(&mut self, now: Instant) {
+        if self.entries.iter().all(|e| e.level <= 1) {
+            return;
+        }
         // The batch running, one formed ahead of it, then its own.
         let horizon = self.cost.typical().map(|t| t * 3);
         if !self.entries.iter().any(|e| e.due_for_promotion(now, horizon)) {

@@ -161,6 +161,9 @@ pub(super) async fn batching_task(
     // Set when a new version of the model took over: every queued or newly
     // arriving request goes there instead.
     let mut successor: Option<Batcher> = None;
+    // When the cost and the predicted wait are next published: gauges and
+    // statistics are read far more rarely than requests arrive.
+    let mut next_publish = Instant::now();
     loop {
         shared.take_finished(|f| {
             in_flight.done(f.seq);
@@ -172,7 +175,10 @@ pub(super) async fn batching_task(
             break;
         }
         let current = current_settings(&shared, &settings);
-        publish_outlook(&shared, &state, &current, in_flight.remaining(now));
+        if now >= next_publish {
+            publish_outlook(&shared, &state, &current, in_flight.remaining(now));
+            next_publish = now + PUBLISH_EVERY;
+        }
         let decision = if draining || !open {
             // Retired or closed: run what is queued as soon as a session can take it.
             match !state.is_empty() && in_flight.len() <= instances {
@@ -289,6 +295,9 @@ fn max_batch_units(settings: &BatchSettings, e: &Entry) -> usize {
     let rows = settings.max_batch_size.max(1).saturating_mul(e.tokens_per_row());
     rows.min(settings.max_batch_tokens.unwrap_or(usize::MAX)).max(1)
 }
+
+/// How often the batching task publishes the cost and the predicted wait, at most.
+const PUBLISH_EVERY: Duration = Duration::from_millis(10);
 
 /// Publishes the fitted batch cost and the predicted queue wait (the
 /// gauges, and the model's statistics) once there is a fit.
