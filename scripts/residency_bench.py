@@ -22,27 +22,13 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
+
+from sluice_server import serve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRIVER = os.path.join(ROOT, "tests", "clients", "residency.py")
 HTTP, GRPC = 18600, 18601
-
-
-def serve(binary, repo, env):
-    env = dict(os.environ, ORT_DYLIB_PATH=f"{ROOT}/.ort/cpu/libonnxruntime.so.1.31.1", **env)
-    cmd = [binary, "serve", "--model-repository", repo, "--http-port", str(HTTP), "--grpc-port", str(GRPC)]
-    p = subprocess.Popen(cmd, env=env, cwd=tempfile.gettempdir(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(3000):
-        try:
-            if urllib.request.urlopen(f"http://127.0.0.1:{HTTP}/v2/health/ready", timeout=2).status == 200:
-                return p
-        except OSError:
-            pass
-        time.sleep(0.1)
-    p.kill()
-    sys.exit("the server did not become ready")
 
 
 def drive(out, pid, args):
@@ -75,14 +61,14 @@ def main():
     subprocess.run([sys.executable, DRIVER, "build", out, "--models", str(args.models)], check=True, capture_output=True)
     repo = os.path.join(out, "repo")
 
-    server = serve(args.binary, repo, {})
+    server = serve(args.binary, repo, HTTP, GRPC)
     total = held_bytes()
     resident = drive(out, server.pid, args)
     server.terminate()
     server.wait()
 
     budget = int(total * args.fraction)
-    server = serve(args.binary, repo, {"SLUICE_RESIDENCY__MODE": "on_demand", "SLUICE_RESIDENCY__HOST_BYTES": str(budget)})
+    server = serve(args.binary, repo, HTTP, GRPC, {"SLUICE_RESIDENCY__MODE": "on_demand", "SLUICE_RESIDENCY__HOST_BYTES": str(budget)})
     budgeted = drive(out, server.pid, args)
     server.terminate()
     server.wait()

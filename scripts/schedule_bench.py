@@ -28,13 +28,11 @@ import json
 import os
 import queue
 import random
-import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.request
+
+from sluice_server import serve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HTTP, GRPC = 18700, 18701
@@ -79,22 +77,6 @@ def repo(timeout, levels, matmuls):
     with open(os.path.join(folder, "model-settings.json"), "w") as f:
         json.dump(settings, f)
     return out
-
-
-def serve(binary, path):
-    env = dict(os.environ, ORT_DYLIB_PATH=f"{ROOT}/.ort/cpu/libonnxruntime.so.1.31.1")
-    cmd = [binary, "serve", "--model-repository", path, "--http-port", str(HTTP), "--grpc-port", str(GRPC)]
-    p = subprocess.Popen(cmd, env=env, cwd=tempfile.gettempdir(), stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-    for _ in range(600):
-        try:
-            if urllib.request.urlopen(f"http://127.0.0.1:{HTTP}/v2/health/ready", timeout=2).status == 200:
-                return p
-        except OSError:
-            pass
-        time.sleep(0.1)
-    p.kill()
-    sys.exit("the server did not become ready")
 
 
 def send(conn, high):
@@ -217,7 +199,7 @@ def main():
     for name, binary, levels in [("before", args.before, False), ("after", args.after, True)]:
         if binary == "-":
             continue
-        server = serve(binary, repo(args.timeout, levels, args.matmuls))
+        server = serve(binary, repo(args.timeout, levels, args.matmuls), HTTP, GRPC)
         try:
             if not rate:
                 sat = saturation()
