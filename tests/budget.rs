@@ -43,6 +43,10 @@ async fn requests_beyond_the_byte_budget_are_refused_until_the_held_ones_are_ans
     assert!(size > 30_000 && size < 60_000, "{size}");
 
     let (first, second) = tokio::join!(s.post("/v2/models/digits/infer", &big), async {
+        // Every answer is held in the budget until sent, `/metrics` too: a
+        // scrape answered while the first request arrives could leave it no
+        // room. Its reservation comes first.
+        tokio::time::sleep(Duration::from_millis(200)).await;
         let t0 = Instant::now();
         while Metrics::scrape(&s)
             .await
