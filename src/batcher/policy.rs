@@ -178,14 +178,8 @@ pub fn decide(state: &State, now: Instant, settings: &BatchSettings, cap: Capaci
 /// Units the queued batch may still grow by: rows to `max_batch_size`, or
 /// for a padded model tokens to `max_batch_tokens` when that is lower.
 fn room(state: &State, settings: &BatchSettings) -> usize {
-    let queued = state.units();
-    let rows = state.len().max(1);
-    let per_row = (queued / rows).max(1);
-    let max = settings
-        .max_batch_size
-        .saturating_mul(per_row)
-        .min(settings.max_batch_tokens.unwrap_or(usize::MAX));
-    max.saturating_sub(queued)
+    let max = Limits::of(settings).max_units(state.head_tokens_per_row());
+    max.saturating_sub(state.units())
 }
 
 /// What a wait would bring (see [`worth_waiting`]).

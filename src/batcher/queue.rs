@@ -193,6 +193,13 @@ impl Limits {
             max_padding: 0.0,
         }
     }
+
+    /// The largest batch these limits allow, in the cost model's units
+    /// ([`Entry::units`]), for entries of `tokens_per_row` padded tokens a row.
+    pub fn max_units(&self, tokens_per_row: usize) -> usize {
+        let rows = self.max_rows.max(1).saturating_mul(tokens_per_row.max(1));
+        rows.min(self.max_tokens.unwrap_or(usize::MAX)).max(1)
+    }
 }
 
 /// The oldest entry's batch, were it formed now (see [`State::fill`]).
@@ -361,6 +368,12 @@ impl State {
         self.units_by_level.iter().sum()
     }
 
+    /// Padded tokens a row of the head entry, whose batch forms next (1
+    /// without padding or without entries).
+    pub fn head_tokens_per_row(&self) -> usize {
+        self.entries.front().map_or(1, Entry::tokens_per_row)
+    }
+
     /// Adds (or removes) an entry's units at its level.
     fn count(&mut self, level: u32, units: usize, add: bool) {
         let l = level as usize;
@@ -373,10 +386,14 @@ impl State {
 
     /// Counts the units by level again, after entries left or moved.
     fn recount(&mut self) {
-        self.units_by_level.iter_mut().for_each(|n| *n = 0);
-        let counts: Vec<(u32, usize)> = self.entries.iter().map(|e| (e.level, e.units())).collect();
-        for (level, units) in counts {
-            self.count(level, units, true);
+        let by_level = &mut self.units_by_level;
+        by_level.iter_mut().for_each(|n| *n = 0);
+        for e in &self.entries {
+            let l = e.level as usize;
+            if by_level.len() <= l {
+                by_level.resize(l + 1, 0);
+            }
+            by_level[l] += e.units();
         }
     }
 

@@ -293,12 +293,6 @@ fn batch_units(batch: &[Entry]) -> usize {
     rows.saturating_mul(longest(batch).iter().product::<usize>().max(1))
 }
 
-/// Units of the largest batch of entries like `e` the settings allow.
-fn max_batch_units(settings: &BatchSettings, e: &Entry) -> usize {
-    let rows = settings.max_batch_size.max(1).saturating_mul(e.tokens_per_row());
-    rows.min(settings.max_batch_tokens.unwrap_or(usize::MAX)).max(1)
-}
-
 /// How often the batching task publishes the cost and the predicted wait, at most.
 const PUBLISH_EVERY: Duration = Duration::from_millis(10);
 
@@ -308,13 +302,11 @@ fn publish_outlook(shared: &Shared, state: &State, settings: &BatchSettings, in_
     let Some(fit) = state.cost() else {
         return;
     };
-    let per_row = state.units().checked_div(state.len()).unwrap_or(1);
-    let max_batch = settings.max_batch_size.max(1).saturating_mul(per_row.max(1));
     let ahead = Ahead {
         in_flight,
         queued: state.units(),
         own: 0,
-        max_batch: max_batch.min(settings.max_batch_tokens.unwrap_or(usize::MAX)),
+        max_batch: Limits::of(settings).max_units(state.head_tokens_per_row()),
         sessions: shared.workers.instances(),
         arriving_above: 0.0,
     };
@@ -379,7 +371,7 @@ fn admit(shared: &Shared, to: &Queue<'_>, e: Entry) -> Option<Entry> {
         in_flight: to.in_flight,
         queued: to.state.units_ahead(e.level),
         own: e.units(),
-        max_batch: max_batch_units(to.settings, &e),
+        max_batch: Limits::of(to.settings).max_units(e.tokens_per_row()),
         sessions: shared.workers.instances(),
         arriving_above: to.state.arriving_above(e.level),
     };
