@@ -30,27 +30,25 @@ fn digits_body(rows: usize) -> (Value, Vec<Value>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_beyond_the_byte_budget_are_refused_until_the_held_ones_are_answered() {
-    let repo = repo_with(&["digits"]);
     // Held in the queue for 2 s (fixed policy, a batch that never fills).
-    write_settings(
-        repo.path(),
+    // A name of its own: the tests of this file share one metrics recorder,
+    // and the probe below reads this model's queue gauge, which another
+    // test's `digits` would set too.
+    let repo = common::batching::repo(&[(
         "digits",
+        "held",
         r#"{"batch_policy": "fixed", "max_batch_size": 4096, "max_batch_time": 2}"#,
-    );
+    )]);
     let s = TestServer::start_with(repo.path(), |c| c.http.max_inflight_bytes = 60_000).await;
     let (big, labels) = digits_body(100);
     let size = serde_json::to_vec(&big).unwrap().len();
     assert!(size > 30_000 && size < 60_000, "{size}");
 
-    let (first, second) = tokio::join!(s.post("/v2/models/digits/infer", &big), async {
-        // Every answer is held in the budget until sent, `/metrics` too: a
-        // scrape answered while the first request arrives could leave it no
-        // room. Its reservation comes first.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    let (first, second) = tokio::join!(s.post("/v2/models/held/infer", &big), async {
         let t0 = Instant::now();
         while Metrics::scrape(&s)
             .await
-            .sum("sluice_queue_size", &[("model", "digits")])
+            .sum("sluice_queue_size", &[("model", "held")])
             < 1.0
         {
             assert!(
@@ -61,7 +59,7 @@ async fn requests_beyond_the_byte_budget_are_refused_until_the_held_ones_are_ans
         }
         let r = s
             .client
-            .post(s.url("/v2/models/digits/infer"))
+            .post(s.url("/v2/models/held/infer"))
             .json(&big)
             .send()
             .await
@@ -76,7 +74,7 @@ async fn requests_beyond_the_byte_budget_are_refused_until_the_held_ones_are_ans
         let mut grpc = client(&s).await;
         let rows: Vec<f32> = vec![0.5; 64 * 200];
         let e = grpc
-            .model_infer(infer_request("digits", "input", &[200, 64], &rows))
+            .model_infer(infer_request("held", "input", &[200, 64], &rows))
             .await
             .unwrap_err();
         (status, retry, body, e.code())
@@ -91,7 +89,7 @@ async fn requests_beyond_the_byte_budget_are_refused_until_the_held_ones_are_ans
     );
     assert_eq!(grpc_code, tonic::Code::Unavailable);
     // The first one answered: its bytes are free again.
-    let (st, r) = s.post("/v2/models/digits/infer", &digits_body(10).0).await;
+    let (st, r) = s.post("/v2/models/held/infer", &digits_body(10).0).await;
     assert_eq!(st, 200, "{r}");
     s.stop().await.unwrap();
 }
