@@ -1,17 +1,16 @@
-//! Per-request CPU of the V2 JSON codec, side by side in one run: decoding
-//! a request of one 784-float row (through `serde_json` and
-//! `InferRequest::try_from`, and in one pass as the server does:
-//! `v2_binary::decode_request`), and encoding a response of 784 floats
-//! through `serde_json::Value` (the old path, still used as the reference)
-//! and straight from the typed vector (what the server sends).
+//! Per-request CPU of the JSON tensor codec, side by side in one run: the
+//! server's own decoders (`v2_binary::decode_request`, what `POST .../infer`
+//! calls; `v1::decode`, what `:predict` calls) on bodies of the forms
+//! clients send, and the V2 JSON encoder on a response of 784 floats. Each
+//! figure is the mean of many calls; each round runs every case once.
 //!
 //! `cargo run --release --example decode_cost`
 use std::time::Instant;
 
-use sluice::protocol::v2::{InferenceRequest, InferenceResponse, JsonResponse};
+use sluice::protocol::v2::JsonResponse;
 use sluice::protocol::v2_binary::decode_request;
-use sluice::protocol::{InferRequest, InferResponse};
-use sluice::tensor::{Tensor, TensorData};
+use sluice::protocol::{v1, InferResponse};
+use sluice::tensor::{DataType, Signature, Tensor, TensorData, TensorSpec};
 
 fn per_call(n: usize, mut f: impl FnMut()) -> f64 {
     let t = Instant::now();
@@ -21,12 +20,44 @@ fn per_call(n: usize, mut f: impl FnMut()) -> f64 {
     t.elapsed().as_secs_f64() * 1e6 / n as f64
 }
 
+fn v2_body(datatype: &str, shape: &[usize], data: &str, extra: &str) -> Vec<u8> {
+    format!(
+        r#"{{{extra}"inputs":[{{"name":"input","shape":{shape:?},"datatype":"{datatype}","data":[{data}]}}]}}"#
+    )
+    .into_bytes()
+}
+
+/// What `:predict` does with a body (kept to the API of the build measured).
+fn v1_decode(body: &[u8], sig: &Signature) {
+    std::hint::black_box(v1::decode(body, sig).unwrap());
+}
+
 fn main() {
-    let row: Vec<f32> = (0..784).map(|i| (i as f32 * 0.37).sin()).collect();
-    let body = serde_json::to_vec(&serde_json::json!({
-        "inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32", "data": row}]
-    }))
-    .unwrap();
+    let row: Vec<f32> = (0..784).map(|i| (i as f32 * 0.37).sin().abs()).collect();
+    let join = |f: &dyn Fn(f32) -> String| row.iter().map(|&x| f(x)).collect::<Vec<_>>().join(",");
+    // serde_json's text of each f32 as an f64: what Python clients send.
+    let plain = join(&|x| serde_json::to_string(&f64::from(x)).unwrap());
+    let exponent = join(&|x| format!("{x:e}"));
+    let ids: Vec<String> = (0..512u64).map(|i| (i * 7919 % 30522).to_string()).collect();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("v2 784 FP32", v2_body("FP32", &[1, 784], &plain, "")),
+        ("v2 784 FP32 exponents", v2_body("FP32", &[1, 784], &exponent, "")),
+        ("v2 512 INT64", v2_body("INT64", &[2, 256], &ids.join(","), "")),
+        (
+            "v2 784 FP32 serde path",
+            v2_body("FP32", &[1, 784], &plain, r#""parameters":{},"#),
+        ),
+    ];
+    let v1_body = format!(r#"{{"instances":[[{plain}]]}}"#).into_bytes();
+    let sig = Signature {
+        inputs: vec![TensorSpec {
+            name: "input".into(),
+            dtype: DataType::F32,
+            shape: vec![-1, 784],
+            dim_names: vec![],
+        }],
+        outputs: vec![],
+    };
     let resp = InferResponse {
         model_name: "mlp".into(),
         model_version: None,
@@ -34,27 +65,23 @@ fn main() {
         outputs: vec![Tensor::new("logits", vec![1, 784], TensorData::F32(row.clone())).unwrap()],
         batch_id: "1".into(),
     };
-    let n = 5000;
-    for round in 1..=3 {
-        let decode = per_call(n, || {
-            let wire: InferenceRequest = serde_json::from_slice(&body).unwrap();
-            std::hint::black_box(InferRequest::try_from(wire).unwrap());
-        });
-        let one_pass = per_call(n, || {
-            std::hint::black_box(decode_request(&body, None).unwrap());
-        });
-        let via_value = per_call(n, || {
-            std::hint::black_box(serde_json::to_vec(&InferenceResponse::from(&resp)).unwrap());
-        });
-        let typed = per_call(n, || {
+    let n = 4000;
+    for round in 1..=5 {
+        let mut line = format!("round {round}:");
+        for (name, body) in &cases {
+            let us = per_call(n, || {
+                std::hint::black_box(decode_request(body, None).unwrap());
+            });
+            line += &format!(" {name} {us:.2} µs;");
+        }
+        let us = per_call(n, || v1_decode(&v1_body, &sig));
+        line += &format!(" v1 784 FP32 {us:.2} µs;");
+        let us = per_call(n, || {
             let mut out = Vec::new();
             JsonResponse::from(&resp).write_to(&mut out).unwrap();
             std::hint::black_box(out);
         });
-        println!(
-            "round {round}: decode {} B request: serde {decode:.1} µs, one pass {one_pass:.1} µs; encode 784 floats: via Value {via_value:.1} µs, typed {typed:.1} µs ({:.2}x)",
-            body.len(),
-            via_value / typed
-        );
+        line += &format!(" encode 784 FP32 {us:.2} µs");
+        println!("{line}");
     }
 }

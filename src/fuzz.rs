@@ -63,11 +63,8 @@ pub fn v2_binary(data: &[u8]) {
 /// A KServe V1 `:predict` body, decoded against each fixture signature (V1
 /// takes datatypes from the model).
 pub fn v1(data: &[u8]) {
-    let Ok(body) = serde_json::from_slice::<Value>(data) else {
-        return;
-    };
     for (model, sig) in signatures() {
-        if let Ok(mut req) = v1::decode(body.clone(), sig) {
+        if let Ok(mut req) = v1::decode(data, sig) {
             if validate(&mut req, model, sig).is_ok() {
                 serve(req, model, sig, &OutputEncoding::default());
             }
@@ -210,22 +207,26 @@ fn encode_all(resp: &InferResponse, encoding: &OutputEncoding, bounded: bool) {
     for e in [encoding, &OutputEncoding::default(), all_binary()] {
         check_v2(resp, e);
     }
-    let mut typed = Vec::new();
+    let mut json = Vec::new();
     JsonResponse::from(resp)
-        .write_to(&mut typed)
+        .write_to(&mut json)
         .expect("a response serializes");
-    let values = serde_json::to_vec(&InferenceResponse::from(resp)).expect("a response serializes");
-    assert!(
-        typed == values,
-        "the typed JSON encoding differs from the Value one"
+    let back: InferenceResponse = serde_json::from_slice(&json).expect("a JSON response parses back");
+    assert_eq!(
+        back.outputs.len(),
+        resp.outputs.len(),
+        "every output in the JSON response"
     );
     binary_reads_back(resp);
     grpc_reads_back(resp);
     if bounded {
-        let v1 = v1::encode(resp);
+        let v1 = serde_json::to_value(v1::encode(resp)).expect("a V1 response serializes");
         let rows = resp.outputs.iter().map(Tensor::rows).max().unwrap_or(0);
-        assert_eq!(v1.predictions.len(), rows, "one V1 prediction per row");
-        serde_json::to_vec(&v1).expect("a V1 response serializes");
+        assert_eq!(
+            v1["predictions"].as_array().map(Vec::len),
+            Some(rows),
+            "one V1 prediction per row"
+        );
     }
 }
 

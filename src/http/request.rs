@@ -313,11 +313,6 @@ pub(crate) async fn decode_body<T: Send + 'static>(
         })?
 }
 
-/// Parses a JSON body, naming where it is invalid.
-pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes).map_err(|e| ApiError(Error::invalid(format!("invalid JSON body: {e}"))))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,13 +5,14 @@ use std::time::Instant;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 use tracing::Instrument;
 
 use super::error::ApiError;
-use super::request::{self, body_bytes, observe, parse_json, Admission, ApiPath, AppState};
+use super::request::{self, body_bytes, observe, Admission, ApiPath, AppState};
 use crate::error::Error;
 use crate::model::state::ModelState;
 use crate::protocol::v1;
@@ -47,7 +48,7 @@ pub async fn predict(
     ApiPath(spec): ApiPath<String>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<v1::PredictResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     let arrival = Instant::now();
     let name = match spec.rsplit_once(':') {
         Some((name, "predict")) => name,
@@ -68,14 +69,16 @@ pub async fn predict(
         let body_len = bytes.len();
         let model = state.registry.serve(name, None, arrival).await?;
         let m = model.clone();
-        let req = request::decode_body(bytes, move |b| {
-            let value: Value = parse_json(&b)?;
-            Ok(v1::decode(value, &m.signature)?)
-        })
-        .await?;
+        let req = request::decode_body(bytes, move |b| Ok(v1::decode(&b, &m.signature)?)).await?;
         let _decoded = state.budget.reserve_decoded(req.heap_bytes(), body_len)?;
         let resp = model.infer(req, arrival).await?;
-        Ok(Json(telemetry::encode(|| v1::encode(&resp))))
+        let body = telemetry::encode(|| serde_json::to_vec(&v1::encode(&resp)))
+            .map_err(|e| Error::Internal(format!("a V1 response did not serialize: {e}")))?;
+        Ok((
+            [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+            body,
+        )
+            .into_response())
     }
     .instrument(span.clone())
     .await;

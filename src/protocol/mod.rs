@@ -1,6 +1,6 @@
 //! Protocol-independent requests and responses, and what the wire protocols
 //! share: checking a request against a model's signature ([`validate`]) and
-//! converting JSON values to typed elements and back. `v1`, `v2` (with
+//! the JSON tensor codec (`json`). `v1`, `v2` (with
 //! `v2_binary`, the binary tensor data extension) and `grpc` translate their
 //! wire shapes into [`InferRequest`] and out of [`InferResponse`]; `binary`
 //! is the raw tensor encoding the last two share; `model_config` and
@@ -10,8 +10,6 @@
 pub mod binary;
 pub mod grpc;
 mod json;
-mod json_data;
-mod json_number;
 pub mod model_config;
 pub mod statistics;
 pub mod v1;
@@ -19,10 +17,8 @@ pub mod v2;
 pub mod v2_binary;
 mod v2_scan;
 
-pub(crate) use json::{element_to_json, parse_elements, JsonElements};
-
 use crate::error::Error;
-use crate::tensor::{DataType, Signature, Tensor, TensorSpec};
+use crate::tensor::{Signature, Tensor, TensorSpec};
 
 /// A decoded inference request, independent of protocol.
 #[derive(Debug, Clone, PartialEq)]
@@ -232,7 +228,7 @@ pub(crate) fn refuse_unsupported<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::{TensorData, TensorSpec};
+    use crate::tensor::{DataType, TensorData, TensorSpec};
 
     fn err(r: Result<impl std::fmt::Debug, Error>) -> String {
         let e = r.unwrap_err();

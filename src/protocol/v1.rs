@@ -3,94 +3,42 @@
 //! shapes, so decoding takes them from the model's signature (datatypes) and
 //! from the instances' nesting (row shape).
 
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use std::collections::BTreeMap;
 
-use super::{element_to_json, parse_elements, InferRequest, InferResponse};
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Deserialize, Serialize, Serializer};
+use serde_json::error::Category;
+use serde_json::value::RawValue;
+
+use super::json::{self, JsonElement, JsonElements, Layout};
+use super::{InferRequest, InferResponse};
 use crate::error::Error;
 use crate::tensor::{Signature, Tensor, TensorData, TensorSpec};
 
-/// Body of `POST /v1/models/{name}:predict`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PredictRequest {
+/// Body of `POST /v1/models/{name}:predict`, each instance as its JSON text.
+#[derive(Deserialize)]
+struct PredictRequest<'a> {
     /// One entry per row: an input's row, or an object keyed by input name.
-    pub instances: Vec<Value>,
+    #[serde(borrow)]
+    instances: Vec<&'a RawValue>,
 }
 
-/// Body of a successful predict response.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PredictResponse {
-    /// One entry per row: the output's row, or an object keyed by output name.
-    pub predictions: Vec<Value>,
-    /// Id of the batch the request ran in; equal for requests batched together.
-    #[serde(rename = "batchId")]
-    pub batch_id: String,
-}
-
-impl PredictRequest {
-    /// Reads a request body, with a clear message when `instances` is missing or not an array.
-    pub fn from_value(body: Value) -> Result<Self, Error> {
-        if let Value::Object(mut map) = body {
-            if let Some(Value::Array(instances)) = map.remove("instances") {
-                return Ok(PredictRequest { instances });
-            }
-        }
-        Err(Error::invalid(
-            "request body must be a JSON object with an `instances` array",
-        ))
-    }
-}
-
-/// The dims of `v` read along its first elements: `[]` for a scalar.
-fn shape_of(mut v: &Value) -> Vec<usize> {
-    let mut shape = Vec::new();
-    while let Value::Array(items) = v {
-        shape.push(items.len());
-        match items.first() {
-            Some(first) => v = first,
-            None => break,
-        }
-    }
-    shape
-}
-
-/// Pushes the leaves of `v`, row-major; false when `v` is not a rectangular array of `shape`.
-fn collect<'a>(v: &'a Value, shape: &[usize], out: &mut Vec<&'a Value>) -> bool {
-    match (shape.split_first(), v) {
-        (None, Value::Array(_)) => false,
-        (None, leaf) => {
-            out.push(leaf);
-            true
-        }
-        (Some((&n, rest)), Value::Array(items)) => {
-            items.len() == n && items.iter().all(|item| collect(item, rest, out))
-        }
-        (Some(_), _) => false,
-    }
-}
-
-/// Stacks one input's rows (one per instance) into a tensor of shape `[rows, ...row shape]`.
-/// Memory grows with the elements found, never with the dims claimed: `row_shape` is read
-/// along first elements only, so a body of a few KB can claim 10^12 elements per row.
-fn stack(spec: &TensorSpec, rows: &[&Value]) -> Result<Tensor, Error> {
-    let row_shape = shape_of(rows[0]);
+/// Stacks one input's rows (one per instance) into a tensor of shape
+/// `[rows, ...row shape]`; every row must have instance 0's shape.
+fn stack(spec: &TensorSpec, rows: &[&RawValue]) -> Result<Tensor, Error> {
     let mut data = TensorData::with_capacity(spec.dtype, 0);
-    let mut leaves = Vec::new();
+    let mut row_shape = Vec::new();
     for (i, row) in rows.iter().enumerate() {
         let what = format!("instance {i} of input `{}`", spec.name);
-        let shape = shape_of(row);
-        if shape != row_shape {
+        let read = json::read(&what, row.get().as_bytes(), &mut data, Layout::Rectangular)?;
+        if i == 0 {
+            row_shape = read.shape;
+        } else if read.shape != row_shape {
             return Err(Error::invalid(format!(
-                "{what} has shape {shape:?}, instance 0 has {row_shape:?}"
+                "{what} has shape {:?}, instance 0 has {row_shape:?}",
+                read.shape
             )));
         }
-        leaves.clear();
-        if !collect(row, &shape, &mut leaves) {
-            return Err(Error::invalid(format!(
-                "{what} is ragged: its sub-arrays differ in length (expected shape {shape:?})"
-            )));
-        }
-        data.extend_from(&parse_elements(&what, spec.dtype, &leaves)?);
     }
     let mut shape = vec![rows.len()];
     shape.extend(row_shape);
@@ -106,44 +54,42 @@ fn stack(spec: &TensorSpec, rows: &[&Value]) -> Result<Tensor, Error> {
 /// higher ranks) or `{"<input>": row}`; a multi-input model takes an object
 /// keyed by input name. Datatypes come from `sig`; [`super::validate`] then
 /// checks shapes.
-pub fn decode(body: Value, sig: &Signature) -> Result<InferRequest, Error> {
-    let PredictRequest { instances } = PredictRequest::from_value(body)?;
+pub fn decode(body: &[u8], sig: &Signature) -> Result<InferRequest, Error> {
+    let PredictRequest { instances } = serde_json::from_slice(body).map_err(|e| match e.classify() {
+        Category::Data => Error::invalid("request body must be a JSON object with an `instances` array"),
+        _ => Error::invalid(format!("invalid JSON body: {e}")),
+    })?;
     if instances.is_empty() {
         return Err(Error::invalid("`instances` is empty; send at least one instance"));
     }
-    let expected = || {
-        sig.inputs
-            .iter()
-            .map(|s| format!("`{}`", s.name))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let expected = || super::names(sig.inputs.iter().map(|s| &s.name));
     // rows[k][i]: input k's row in instance i.
-    let mut rows: Vec<Vec<&Value>> = vec![Vec::with_capacity(instances.len()); sig.inputs.len()];
+    let mut rows: Vec<Vec<&RawValue>> = vec![Vec::with_capacity(instances.len()); sig.inputs.len()];
     for (i, inst) in instances.iter().enumerate() {
-        match inst {
-            Value::Object(obj) => {
-                if let Some(key) = obj.keys().find(|k| sig.input(k).is_none()) {
-                    return Err(Error::invalid(format!(
-                        "instance {i}: unknown input `{key}`; the model's inputs are {}",
-                        expected()
-                    )));
-                }
-                for (spec, rows) in sig.inputs.iter().zip(&mut rows) {
-                    let row = obj.get(&spec.name).ok_or_else(|| {
-                        Error::invalid(format!("instance {i}: missing input `{}`", spec.name))
-                    })?;
-                    rows.push(row);
-                }
-            }
-            row if sig.inputs.len() == 1 => rows[0].push(row),
-            _ => {
+        if !inst.get().starts_with('{') {
+            if sig.inputs.len() != 1 {
                 return Err(Error::invalid(format!(
                     "instance {i}: the model has several inputs, so each instance must be an object keyed by \
                      input name ({})",
                     expected()
-                )))
+                )));
             }
+            rows[0].push(inst);
+            continue;
+        }
+        let obj: BTreeMap<String, &RawValue> = serde_json::from_str(inst.get())
+            .map_err(|e| Error::invalid(format!("instance {i}: invalid JSON: {e}")))?;
+        if let Some(key) = obj.keys().find(|k| sig.input(k).is_none()) {
+            return Err(Error::invalid(format!(
+                "instance {i}: unknown input `{key}`; the model's inputs are {}",
+                expected()
+            )));
+        }
+        for (spec, rows) in sig.inputs.iter().zip(&mut rows) {
+            let row = obj
+                .get(&spec.name)
+                .ok_or_else(|| Error::invalid(format!("instance {i}: missing input `{}`", spec.name)))?;
+            rows.push(row);
         }
     }
     let inputs = sig
@@ -160,38 +106,73 @@ pub fn decode(body: Value, sig: &Signature) -> Result<InferRequest, Error> {
     })
 }
 
-/// Elements of `data` from `offset` as nested arrays of `shape` (a scalar for `[]`).
-fn nested(data: &TensorData, offset: usize, shape: &[usize]) -> Value {
-    match shape.split_first() {
-        None => element_to_json(data, offset),
-        Some((&n, rest)) => {
-            let stride: usize = rest.iter().product();
-            Value::Array((0..n).map(|k| nested(data, offset + k * stride, rest)).collect())
+/// A response, `{"predictions": [...], "batchId": "..."}`: one prediction
+/// per row, the output's row for a single-output model, else an object keyed
+/// by output name; written straight from the output tensors.
+#[derive(Serialize)]
+pub struct PredictResponse<'a> {
+    predictions: Predictions<'a>,
+    /// Id of the batch the request ran in; equal for requests batched together.
+    #[serde(rename = "batchId")]
+    batch_id: &'a str,
+}
+
+/// The rows of a response's outputs.
+struct Predictions<'a>(&'a [Tensor]);
+
+/// Row `i` of an output: a scalar for a rank-1 output, else nested arrays;
+/// `null` past its last row (an output with fewer rows than the others).
+struct Row<'a>(&'a Tensor, usize);
+
+impl Serialize for Row<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let Row(t, i) = *self;
+        match t.shape.get(1..) {
+            _ if i >= t.rows() => s.serialize_none(),
+            None | Some([]) => JsonElement(&t.data, i).serialize(s),
+            Some([len, inner @ ..]) => JsonElements {
+                data: &t.data,
+                offset: i * t.row_len(),
+                len: *len,
+                inner,
+            }
+            .serialize(s),
         }
     }
 }
 
-/// Row `i` of `t` (`null` past its last row, for an output with fewer rows than the others).
-fn row(t: &Tensor, i: usize) -> Value {
-    if i >= t.rows() {
-        return Value::Null;
+impl Serialize for Predictions<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let n = self.0.iter().map(Tensor::rows).max().unwrap_or(0);
+        let mut seq = s.serialize_seq(Some(n))?;
+        for i in 0..n {
+            match self.0 {
+                [only] => seq.serialize_element(&Row(only, i))?,
+                many => seq.serialize_element(&Outputs(many, i))?,
+            }
+        }
+        seq.end()
     }
-    nested(&t.data, i * t.row_len(), t.shape.get(1..).unwrap_or(&[]))
 }
 
-/// Encodes a response: one prediction per row, the output's row for a
-/// single-output model, else an object keyed by output name.
-pub fn encode(resp: &InferResponse) -> PredictResponse {
-    let n = resp.outputs.iter().map(Tensor::rows).max().unwrap_or(0);
-    let predictions = match resp.outputs.as_slice() {
-        [only] => (0..n).map(|i| row(only, i)).collect(),
-        many => (0..n)
-            .map(|i| Value::Object(many.iter().map(|t| (t.name.clone(), row(t, i))).collect()))
-            .collect(),
-    };
+/// Row `i` of several outputs, keyed by output name.
+struct Outputs<'a>(&'a [Tensor], usize);
+
+impl Serialize for Outputs<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for t in self.0 {
+            map.serialize_entry(&t.name, &Row(t, self.1))?;
+        }
+        map.end()
+    }
+}
+
+/// Encodes a response (see [`PredictResponse`]).
+pub fn encode(resp: &InferResponse) -> PredictResponse<'_> {
     PredictResponse {
-        predictions,
-        batch_id: resp.batch_id.to_string(),
+        predictions: Predictions(&resp.outputs),
+        batch_id: &resp.batch_id,
     }
 }
 
@@ -199,7 +180,23 @@ pub fn encode(resp: &InferResponse) -> PredictResponse {
 mod tests {
     use super::*;
     use crate::tensor::DataType;
-    use serde_json::json;
+    use serde_json::{json, Value};
+
+    fn decode(body: Value, sig: &Signature) -> Result<InferRequest, Error> {
+        super::decode(body.to_string().as_bytes(), sig)
+    }
+
+    /// The response as a client reads it: its text, parsed.
+    fn wire(resp: &InferResponse) -> Value {
+        serde_json::from_slice(&serde_json::to_vec(&encode(resp)).unwrap()).unwrap()
+    }
+
+    fn predictions(resp: &InferResponse) -> Vec<Value> {
+        match wire(resp) {
+            Value::Object(mut body) => serde_json::from_value(body.remove("predictions").unwrap()).unwrap(),
+            other => panic!("{other}"),
+        }
+    }
 
     fn spec(name: &str, dtype: DataType, shape: &[i64]) -> TensorSpec {
         TensorSpec {
@@ -361,17 +358,13 @@ mod tests {
     #[test]
     fn single_output_predictions_are_rows() {
         let scalars = response(vec![tensor("y", &[3], TensorData::I64(vec![1, 2, 3]))]);
-        let wire = serde_json::to_value(encode(&scalars)).unwrap();
-        assert_eq!(wire, json!({"predictions": [1, 2, 3], "batchId": "b7"}));
+        assert_eq!(wire(&scalars), json!({"predictions": [1, 2, 3], "batchId": "b7"}));
         let rows = response(vec![tensor(
             "y",
             &[2, 1, 2],
             TensorData::F32(vec![0.1, 0.2, 0.3, 0.4]),
         )]);
-        assert_eq!(
-            encode(&rows).predictions,
-            vec![json!([[0.1, 0.2]]), json!([[0.3, 0.4]])]
-        );
+        assert_eq!(predictions(&rows), vec![json!([[0.1, 0.2]]), json!([[0.3, 0.4]])]);
     }
 
     #[test]
@@ -388,14 +381,14 @@ mod tests {
             json!({"label": "cat", "p": [0.9, 0.1]}),
             json!({"label": "dog", "p": [0.2, 0.8]}),
         ];
-        assert_eq!(encode(&resp).predictions, want);
+        assert_eq!(predictions(&resp), want);
     }
 
     #[test]
     fn decode_then_encode_round_trips_rows() {
         let body = json!({"instances": [[[1, 2]], [[3, 4]]]});
         let req = decode(body.clone(), &single(DataType::I32, &[-1, 1, 2])).unwrap();
-        let pred = encode(&response(req.inputs));
-        assert_eq!(Value::Array(pred.predictions), body["instances"]);
+        let pred = predictions(&response(req.inputs));
+        assert_eq!(Value::Array(pred), body["instances"]);
     }
 }

@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{element_to_json, InferRequest, InferResponse, JsonElements};
+use super::json::{self, JsonElements, Layout};
+use super::{InferRequest, InferResponse};
 use crate::error::Error;
 use crate::tensor::{DataType, Signature, Tensor, TensorSpec};
 
@@ -42,7 +43,7 @@ pub struct RequestInput<'a> {
     pub parameters: Option<Map<String, Value>>,
     /// The elements, row-major, flat or nested, as their JSON text (parsed
     /// straight into a typed vector once the datatype is known:
-    /// `super::json_data`), borrowed from the body. Absent (or null) with
+    /// `super::json::read`), borrowed from the body. Absent (or null) with
     /// binary data.
     #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     pub data: Option<&'a RawValue>,
@@ -203,7 +204,14 @@ pub(crate) fn decode_input(input: RequestInput<'_>) -> Result<Tensor, Error> {
     let Some(raw) = &input.data else {
         return Err(Error::invalid(format!("{what}: `data` is missing")));
     };
-    let data = super::json_data::decode(&what, dtype, raw.get(), count, &input.shape)?;
+    let mut data = crate::tensor::TensorData::with_capacity(dtype, 0);
+    let read = json::read(&what, raw.get().as_bytes(), &mut data, Layout::Count(count))?;
+    if read.leaves != count {
+        return Err(Error::invalid(format!(
+            "{what}: shape {:?} needs {count} elements, got {}",
+            input.shape, read.leaves
+        )));
+    }
     Ok(Tensor {
         name: input.name,
         shape,
@@ -238,14 +246,14 @@ impl TryFrom<InferenceRequest<'_>> for InferRequest {
 pub(crate) fn schedule(params: Option<&Map<String, Value>>) -> Result<super::Schedule, Error> {
     let int = |key: &str| {
         let v = params?.get(key)?;
-        Some(v.as_u64().ok_or_else(|| super::json::show(v)))
+        Some(v.as_u64().ok_or_else(|| json::show(&v.to_string())))
     };
     super::schedule_params(int("timeout"), int("priority"))
 }
 
-/// A response as JSON text, borrowed from the [`InferResponse`]: the same
-/// bytes as serializing [`InferenceResponse::from`] (same field order), with
-/// each output's elements written straight from its typed vector.
+/// A response as JSON, borrowed from the [`InferResponse`]: the fields of
+/// [`InferenceResponse`] in its order, each output's elements written
+/// straight from its typed vector.
 #[derive(Serialize)]
 pub struct JsonResponse<'a> {
     model_name: &'a str,
@@ -284,32 +292,9 @@ impl<'a> From<&'a InferResponse> for JsonResponse<'a> {
                     name: &t.name,
                     shape: &t.shape,
                     datatype: t.dtype().as_str(),
-                    data: JsonElements(&t.data),
+                    data: JsonElements::flat(&t.data),
                 })
                 .collect(),
-        }
-    }
-}
-
-impl From<&InferResponse> for InferenceResponse {
-    fn from(resp: &InferResponse) -> Self {
-        let outputs = resp
-            .outputs
-            .iter()
-            .map(|t| ResponseOutput {
-                name: t.name.clone(),
-                shape: t.shape.clone(),
-                datatype: t.dtype().as_str().to_string(),
-                parameters: None,
-                data: (0..t.data.len()).map(|i| element_to_json(&t.data, i)).collect(),
-            })
-            .collect();
-        InferenceResponse {
-            model_name: resp.model_name.to_string(),
-            model_version: resp.model_version.clone(),
-            id: resp.id.clone(),
-            parameters: None,
-            outputs,
         }
     }
 }
@@ -324,6 +309,13 @@ mod tests {
     fn decode(body: Value) -> Result<InferRequest, Error> {
         let text = body.to_string();
         InferRequest::try_from(serde_json::from_str::<InferenceRequest>(&text).unwrap())
+    }
+
+    /// The response as a client reads it: its text, parsed.
+    fn wire(resp: &InferResponse) -> Value {
+        let mut text = Vec::new();
+        JsonResponse::from(resp).write_to(&mut text).unwrap();
+        serde_json::from_slice(&text).unwrap()
     }
 
     fn decode_err(body: Value) -> String {
@@ -384,7 +376,7 @@ mod tests {
             ],
             batch_id: "b-1".into(),
         };
-        let got = serde_json::to_value(InferenceResponse::from(&resp)).unwrap();
+        let got = wire(&resp);
         let want: Value =
             serde_json::from_str(include_str!("../../tests/fixtures/v2/infer-response.json")).unwrap();
         assert_eq!(got, want);
@@ -435,7 +427,7 @@ mod tests {
                 outputs: req.inputs,
                 batch_id: "b".into(),
             };
-            let wire = serde_json::to_value(InferenceResponse::from(&resp)).unwrap();
+            let wire = wire(&resp);
             let want = json!({"model_name": "m", "outputs": [
                 {"name": "x", "shape": [2], "datatype": datatype, "data": data}]});
             assert_eq!(wire, want, "{datatype}");

@@ -13,8 +13,9 @@ use std::collections::HashMap;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
+use super::json::{self, JsonElements};
 use super::v2::{self, InferenceRequest, JsonResponse, RequestInput};
-use super::{binary, InferRequest, InferResponse, JsonElements};
+use super::{binary, InferRequest, InferResponse};
 use crate::error::Error;
 use crate::tensor::{DataType, Tensor};
 
@@ -61,7 +62,7 @@ fn bool_param(params: Option<&Map<String, Value>>, key: &str, what: &str) -> Res
         Some(Value::Bool(b)) => Ok(Some(*b)),
         Some(other) => Err(Error::invalid(format!(
             "{what}: parameter `{key}` must be true or false, got {}",
-            super::json::show(other)
+            json::show(&other.to_string())
         ))),
     }
 }
@@ -207,7 +208,7 @@ fn binary_size(input: &RequestInput<'_>, what: &str) -> Result<Option<usize>, Er
             .ok_or_else(|| {
                 Error::invalid(format!(
                     "{what}: `binary_data_size` must be a non-negative integer, got {}",
-                    super::json::show(v)
+                    json::show(&v.to_string())
                 ))
             }),
     }
@@ -290,7 +291,7 @@ pub fn encode_response(resp: &InferResponse, encoding: &OutputEncoding) -> Encod
                     shape: &t.shape,
                     parameters: is_binary
                         .then(|| json!({ "binary_data_size": binary::encoded_len(&t.data) })),
-                    data: (!is_binary).then_some(JsonElements(&t.data)),
+                    data: (!is_binary).then(|| JsonElements::flat(&t.data)),
                 }
             })
             .collect(),

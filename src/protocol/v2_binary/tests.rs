@@ -201,12 +201,8 @@ fn response() -> InferResponse {
 fn a_json_only_response_is_plain_json() {
     let enc = encode_response(&response(), &OutputEncoding::default());
     assert_eq!(enc.header_length, None);
-    // Byte for byte what the Value-based response serializes to.
-    let want = serde_json::to_vec(&v2::InferenceResponse::from(&response())).unwrap();
-    assert_eq!(
-        String::from_utf8(enc.body).unwrap(),
-        String::from_utf8(want).unwrap()
-    );
+    let want = r#"{"model_name":"m","model_version":"1","id":"7","outputs":[{"name":"a","shape":[2],"datatype":"FP32","data":[1.5,-2.0]},{"name":"b","shape":[1],"datatype":"BYTES","data":["hi"]}]}"#;
+    assert_eq!(String::from_utf8(enc.body).unwrap(), want);
 }
 
 #[test]

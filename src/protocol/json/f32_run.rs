@@ -38,7 +38,28 @@
 //! answer or refusal as without this module. Other CPUs read every
 //! element the usual way.
 
-use crate::protocol::json_number;
+/// 10^0 ..= 10^-16, each the f64 nearest it (within half an ulp). A
+/// `static`, not a `const`: read by index from a `const`, the compiler
+/// copies the whole table to the stack for each element.
+static NEG_POW10: [f64; 17] = [
+    1e0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10, 1e-11, 1e-12, 1e-13, 1e-14, 1e-15,
+    1e-16,
+];
+
+/// `r` rounded to f32, unless `r` lies within `margin` f64 ulps of a point
+/// halfway between two f32s (then the decimal `r` approximates may round
+/// the other way: `None`). `r` must be zero or an f32 normal, so that
+/// rounding drops exactly the f64's 29 low bits; halfway is 1 then 28
+/// zeros in them.
+#[inline(always)]
+fn f32_unless_near_halfway(r: f64, margin: u64) -> Option<f32> {
+    const HALF: i64 = 1 << 28;
+    let low = (r.to_bits() & ((1 << 29) - 1)) as i64;
+    if (low - HALF).unsigned_abs() <= margin {
+        return None;
+    }
+    Some(r as f32)
+}
 
 /// Reads elements `number,` from the front of `b` while it can (see the
 /// module doc), at most `room` of them, appending their values to `out`.
@@ -84,8 +105,8 @@ fn to_f32(m: u64, a: usize, truncated: bool) -> Option<f32> {
     // Exact but for three roundings of half an ulp: m (above 2^53 only just),
     // 10^-k, and the product. The value is at least 10^-14 and below 10^15:
     // an f32 normal, so rounding to f32 drops the f64's 29 low bits.
-    let r = (m as i64) as f64 * json_number::NEG_POW10[16 - a];
-    json_number::f32_unless_near_halfway(r, margin)
+    let r = (m as i64) as f64 * NEG_POW10[16 - a];
+    f32_unless_near_halfway(r, margin)
 }
 
 /// The f32 nearest `m × 10^-14` (`m` < 10^15: the digits of `d.ddd…`
@@ -106,7 +127,7 @@ fn to_f32_units(m: u64, truncated: bool) -> Option<f32> {
     let margin = 4 + (u64::from(truncated) << (lz - 10));
     // Past the limit, a margin that no `r` escapes (one branch, at the end).
     let margin = if margin > (1 << 16) + 4 { u64::MAX } else { margin };
-    json_number::f32_unless_near_halfway((m as i64) as f64 * 1e-14, margin)
+    f32_unless_near_halfway((m as i64) as f64 * 1e-14, margin)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -311,7 +332,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::json_number::Rng;
+    use crate::protocol::json::Rng;
 
     /// Reads `texts` as one array (elements joined by `sep`) the way
     /// `leaves` does: `run` from each element start, and where it stops,
