@@ -261,44 +261,7 @@ impl Config {
     /// Checks every value; returns all problems, each naming its key.
     pub fn validate(&self) -> Result<(), Vec<String>> {
         let mut errs = Vec::new();
-        let d = &self.model_defaults;
-        if d.max_batch_size > 65536 {
-            errs.push(format!(
-                "model_defaults.max_batch_size must be 0..=65536, got {}",
-                d.max_batch_size
-            ));
-        }
-        if !(d.max_batch_time.is_finite() && (0.0..=60.0).contains(&d.max_batch_time)) {
-            errs.push(format!(
-                "model_defaults.max_batch_time must be 0..=60 seconds, got {}",
-                d.max_batch_time
-            ));
-        }
-        if !(1..=1_000_000).contains(&d.max_queue_size) {
-            errs.push(format!(
-                "model_defaults.max_queue_size must be 1..=1000000, got {}",
-                d.max_queue_size
-            ));
-        }
-        if !(d.timeout.is_finite() && d.timeout > 0.0 && d.timeout <= 86400.0) {
-            errs.push(format!(
-                "model_defaults.timeout must be > 0 and <= 86400 seconds, got {}",
-                d.timeout
-            ));
-        }
-        if !(1..=64).contains(&d.instances) {
-            errs.push(format!(
-                "model_defaults.instances must be 1..=64, got {}",
-                d.instances
-            ));
-        }
-        if let Some(t) = d.intra_op_threads {
-            if !(1..=1024).contains(&t) {
-                errs.push(format!(
-                    "model_defaults.intra_op_threads must be 1..=1024, got {t}"
-                ));
-            }
-        }
+        self.model_defaults.validate(&mut errs);
         if self.pool.cpu_concurrent_batches > 1024 || !(1..=64).contains(&self.pool.gpu_concurrent_batches) {
             errs.push(format!(
                 "pool.cpu_concurrent_batches must be 0..=1024 and pool.gpu_concurrent_batches 1..=64, got {} and {}",
@@ -388,6 +351,50 @@ impl Config {
 /// Cores this process may use.
 pub fn cores() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+impl ModelDefaultsConfig {
+    /// Checks each default; a problem names its key.
+    fn validate(&self, errs: &mut Vec<String>) {
+        let d = self;
+        if d.max_batch_size > 65536 {
+            errs.push(format!(
+                "model_defaults.max_batch_size must be 0..=65536, got {}",
+                d.max_batch_size
+            ));
+        }
+        if !(d.max_batch_time.is_finite() && (0.0..=60.0).contains(&d.max_batch_time)) {
+            errs.push(format!(
+                "model_defaults.max_batch_time must be 0..=60 seconds, got {}",
+                d.max_batch_time
+            ));
+        }
+        if !(1..=1_000_000).contains(&d.max_queue_size) {
+            errs.push(format!(
+                "model_defaults.max_queue_size must be 1..=1000000, got {}",
+                d.max_queue_size
+            ));
+        }
+        if !(d.timeout.is_finite() && d.timeout > 0.0 && d.timeout <= 86400.0) {
+            errs.push(format!(
+                "model_defaults.timeout must be > 0 and <= 86400 seconds, got {}",
+                d.timeout
+            ));
+        }
+        if !(1..=64).contains(&d.instances) {
+            errs.push(format!(
+                "model_defaults.instances must be 1..=64, got {}",
+                d.instances
+            ));
+        }
+        if let Some(t) = d.intra_op_threads {
+            if !(1..=1024).contains(&t) {
+                errs.push(format!(
+                    "model_defaults.intra_op_threads must be 1..=1024, got {t}"
+                ));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

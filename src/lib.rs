@@ -191,61 +191,14 @@ impl Server {
         // Drains the histograms' sample buffers when nobody scrapes /metrics.
         let upkeep = metrics::spawn_upkeep(state.metrics.clone(), metrics::UPKEEP_INTERVAL);
 
-        let grpc_state = grpc::GrpcState {
-            registry: state.registry.clone(),
-            repository: state.repository.clone(),
-            ready: state.ready.clone(),
-            ready_rule: state.ready_rule.clone(),
-            max_message_bytes: config.grpc.max_message_bytes,
-            max_outstanding_per_stream: config.grpc.max_outstanding_per_stream,
-            access: access::Access::from_config(&config),
-            budget: state.budget.clone(),
-        };
-        let grpc_port = transport::Port {
-            name: "gRPC",
-            service: grpc::service(grpc_state),
-            http2_only: true,
-            max_concurrent_streams: config.grpc.max_concurrent_streams,
-            keep_alive_ping: config.grpc.keep_alive_ping(),
-            untimed_paths: grpc::STREAMS,
-            refuse_with_503: false,
-            max_connections_key: "grpc.max_connections",
-            open_file_quarters: 1,
-        };
-        let mut grpc_limits = config.http_limits();
-        grpc_limits.max_connections = config.grpc.max_connections;
-        let grpc_serve = transport::serve(
-            grpc_listener,
-            grpc_port,
-            grpc_limits,
-            tls.as_ref().map(tls::Tls::grpc),
-            stop_rx.clone(),
-        );
-        let http_port = transport::Port {
-            name: "HTTP",
-            service: http::Routes::new(state),
-            http2_only: false,
-            // hyper's default, advertised as before the ports shared a transport.
-            max_concurrent_streams: 200,
-            keep_alive_ping: None,
-            untimed_paths: &[],
-            refuse_with_503: true,
-            max_connections_key: "http.max_connections",
-            open_file_quarters: 2,
-        };
-        let http_serve = transport::serve(
+        let serve = serve_ports(
+            &config,
             listener,
-            http_port,
-            config.http_limits(),
-            tls.as_ref().map(tls::Tls::http),
+            grpc_listener,
+            state,
+            tls.as_ref(),
             stop_rx.clone(),
         );
-        let serve = async {
-            tokio::try_join!(async { http_serve.await.context("HTTP server failed") }, async {
-                grpc_serve.await.context("gRPC server failed")
-            },)
-            .map(|_| ())
-        };
         let mut drain = stop_rx;
         let grace = config.grace_period();
         let result = tokio::select! {
@@ -267,6 +220,71 @@ impl Server {
         tracing::info!("sluice stopped");
         result
     }
+}
+
+/// Serves both ports until each has stopped (shutdown began and every
+/// accepted request was answered) or one fails.
+async fn serve_ports(
+    config: &Config,
+    listener: TcpListener,
+    grpc_listener: TcpListener,
+    state: AppState,
+    tls: Option<&tls::Tls>,
+    stop_rx: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let grpc_state = grpc::GrpcState {
+        registry: state.registry.clone(),
+        repository: state.repository.clone(),
+        ready: state.ready.clone(),
+        ready_rule: state.ready_rule.clone(),
+        max_message_bytes: config.grpc.max_message_bytes,
+        max_outstanding_per_stream: config.grpc.max_outstanding_per_stream,
+        access: access::Access::from_config(config),
+        budget: state.budget.clone(),
+    };
+    let grpc_port = transport::Port {
+        name: "gRPC",
+        service: grpc::service(grpc_state),
+        http2_only: true,
+        max_concurrent_streams: config.grpc.max_concurrent_streams,
+        keep_alive_ping: config.grpc.keep_alive_ping(),
+        untimed_paths: grpc::STREAMS,
+        refuse_with_503: false,
+        max_connections_key: "grpc.max_connections",
+        open_file_quarters: 1,
+    };
+    let mut grpc_limits = config.http_limits();
+    grpc_limits.max_connections = config.grpc.max_connections;
+    let grpc_serve = transport::serve(
+        grpc_listener,
+        grpc_port,
+        grpc_limits,
+        tls.map(tls::Tls::grpc),
+        stop_rx.clone(),
+    );
+    let http_port = transport::Port {
+        name: "HTTP",
+        service: http::Routes::new(state),
+        http2_only: false,
+        // hyper's default, advertised as before the ports shared a transport.
+        max_concurrent_streams: 200,
+        keep_alive_ping: None,
+        untimed_paths: &[],
+        refuse_with_503: true,
+        max_connections_key: "http.max_connections",
+        open_file_quarters: 2,
+    };
+    let http_serve = transport::serve(
+        listener,
+        http_port,
+        config.http_limits(),
+        tls.map(tls::Tls::http),
+        stop_rx.clone(),
+    );
+    tokio::try_join!(async { http_serve.await.context("HTTP server failed") }, async {
+        grpc_serve.await.context("gRPC server failed")
+    },)
+    .map(|_| ())
 }
 
 /// Cancels the batches still running in ONNX Runtime (after the grace

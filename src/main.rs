@@ -270,11 +270,8 @@ fn serve(file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
     }
 }
 
-fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
-    let cfg = match load_config(file, cli, false) {
-        Ok((c, _)) => c,
-        Err(e) => return fail(e),
-    };
+/// The settings of the model folder `dir`, as the repository scan reads them.
+fn folder_settings(dir: &Path, cfg: &Config) -> Result<sluice::settings::ModelSettings, String> {
     // The folder's parent is the repository an absolute `parameters.uri` must stay inside.
     let root = dir
         .canonicalize()
@@ -285,14 +282,23 @@ fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
         .file_name()
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let settings = match sluice::repository::scan::read_folder(&root, dir, &folder, &cfg.model_defaults()) {
-        Ok(Some(s)) => s,
-        Ok(None) => {
-            return fail(format!(
-                "{}: no model-settings.json and no *.onnx file: not a model folder",
-                dir.display()
-            ))
-        }
+    match sluice::repository::scan::read_folder(&root, dir, &folder, &cfg.model_defaults()) {
+        Ok(Some(s)) => Ok(s),
+        Ok(None) => Err(format!(
+            "{}: no model-settings.json and no *.onnx file: not a model folder",
+            dir.display()
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
+    let cfg = match load_config(file, cli, false) {
+        Ok((c, _)) => c,
+        Err(e) => return fail(e),
+    };
+    let settings = match folder_settings(dir, &cfg) {
+        Ok(s) => s,
         Err(e) => return fail(e),
     };
     let rt = match runtime(&cfg) {

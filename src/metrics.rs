@@ -112,6 +112,12 @@ pub fn install() -> PrometheusHandle {
 }
 
 fn describe() {
+    describe_requests();
+    describe_models();
+}
+
+/// The series of requests and batches.
+fn describe_requests() {
     describe_histogram!(
         BATCH_SIZE,
         Unit::Count,
@@ -143,18 +149,6 @@ fn describe() {
         "Executed batches, by what closed them (size, time, adaptive, drain)."
     );
     describe_gauge!(QUEUE_SIZE, Unit::Count, "Requests waiting for a batch.");
-    describe_gauge!(MODEL_READY, Unit::Count, "1 while the model serves, else 0.");
-    describe_gauge!(
-        MODEL_BATCHING,
-        Unit::Count,
-        "1 while the model's newest version batches requests together, 0 when each runs alone (the file, warm-up or a served batch showed it cannot batch; the log says why)."
-    );
-    describe_gauge!(
-        MODEL_MEMORY,
-        Unit::Bytes,
-        "Memory the serving version of the model holds, by device (`cpu`: resident growth over its load and warm-up)."
-    );
-    describe_counter!(MODEL_RELOADS, Unit::Count, "Model loads and reloads, by result.");
     describe_histogram!(
         PADDING_RATIO,
         Unit::Count,
@@ -176,6 +170,32 @@ fn describe() {
         "How long a request arriving now is predicted to wait before its batch runs: the work queued and running, by the fitted batch cost, shared by the model's sessions."
     );
     describe_counter!(
+        DROPPED,
+        Unit::Count,
+        "Requests that left without running, by reason (`client_gone`, `expired`, `predicted_late`: refused at arrival, predicted to miss their deadline, `no_room`: their model could not be loaded under the residency budgets)."
+    );
+    describe_histogram!(
+        COLD_START,
+        Unit::Seconds,
+        "How long a request waited for its model to load (the model was not resident)."
+    );
+}
+
+/// The series of models, their residency, the repository and TLS.
+fn describe_models() {
+    describe_gauge!(MODEL_READY, Unit::Count, "1 while the model serves, else 0.");
+    describe_gauge!(
+        MODEL_BATCHING,
+        Unit::Count,
+        "1 while the model's newest version batches requests together, 0 when each runs alone (the file, warm-up or a served batch showed it cannot batch; the log says why)."
+    );
+    describe_gauge!(
+        MODEL_MEMORY,
+        Unit::Bytes,
+        "Memory the serving version of the model holds, by device (`cpu`: resident growth over its load and warm-up)."
+    );
+    describe_counter!(MODEL_RELOADS, Unit::Count, "Model loads and reloads, by result.");
+    describe_counter!(
         TLS_RELOADS,
         Unit::Count,
         "Changes of the TLS certificate and key files, by result (`ok`: new handshakes get the new certificate; `error`: refused, the previous one keeps serving)."
@@ -186,11 +206,6 @@ fn describe() {
         "When the certificate that new TLS handshakes get expires (its notAfter, Unix seconds); absent without TLS."
     );
     describe_counter!(
-        DROPPED,
-        Unit::Count,
-        "Requests that left without running, by reason (`client_gone`, `expired`, `predicted_late`: refused at arrival, predicted to miss their deadline, `no_room`: their model could not be loaded under the residency budgets)."
-    );
-    describe_counter!(
         MODEL_LOADS,
         Unit::Count,
         "Model versions loaded, by reason (`start`, `on_demand`: a request found it not resident, `reload`: its folder changed or appeared, `api`)."
@@ -199,11 +214,6 @@ fn describe() {
         MODEL_EVICTIONS,
         Unit::Count,
         "Times the model was unloaded to make room for another under the residency budgets."
-    );
-    describe_histogram!(
-        COLD_START,
-        Unit::Seconds,
-        "How long a request waited for its model to load (the model was not resident)."
     );
     describe_gauge!(
         RESIDENCY_BUDGET,

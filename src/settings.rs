@@ -306,10 +306,57 @@ const TOP: &str = "name parameters max_batch_size max_batch_time batch_policy ma
                    instances execution_provider device_ids intra_op_threads warmup pinned cuda batcher priority_levels default_priority refuse_predicted_late \
                    padding max_batch_tokens max_padding_ratio batch_axes inputs outputs implementation parallel_workers warm_workers platform versions cache_enabled";
 const PARAMETERS: &str = "uri version content_type format extra";
+/// What `intra_op_threads` takes.
+const THREADS: &str = "an integer between 1 and 1024 or null";
 const BATCHER: &str = "maxBatchSize maxLatency timeout";
 const TENSOR: &str = "name datatype shape parameters";
 /// The file name a `model-settings.json` without `parameters.uri` points at.
 pub const DEFAULT_URI: &str = "model.onnx";
+
+/// The batching fields of `top` (the batcher's, the schedule's and
+/// padding's), with `defaults` for those not given; and `padding` itself.
+fn batching(
+    w: &mut Walker,
+    top: &serde_json::Map<String, Value>,
+    defaults: &ModelDefaults,
+) -> (BatchSettings, std::collections::BTreeMap<String, Value>) {
+    let Batcher {
+        max_batch_size,
+        max_batch_time,
+        timeout,
+    } = w.batcher_fields(top);
+    let policy = get(top, "batch_policy").and_then(|v| w.choice(v, "batch_policy", POLICIES, false));
+    let max_queue_size = get(top, "max_queue_size").and_then(|v| w.int(v, "max_queue_size", 1, 1_000_000));
+    let priority_levels = get(top, "priority_levels").and_then(|v| w.int(v, "priority_levels", 0, 1000));
+    let levels = priority_levels.unwrap_or(0);
+    let default_priority = match get(top, "default_priority") {
+        None => (levels > 0).then_some(levels),
+        Some(_) if levels == 0 => {
+            w.problems.push(
+                "`default_priority` is set but `priority_levels` is not; set `priority_levels` (1 is the highest level)"
+                    .into(),
+            );
+            None
+        }
+        Some(v) => w.int(v, "default_priority", 1, levels),
+    };
+    let refuse_predicted_late =
+        get(top, "refuse_predicted_late").and_then(|v| w.boolean(v, "refuse_predicted_late"));
+    let (padding, max_batch_tokens, max_padding_ratio) = w.padding_fields(top);
+    let batching = BatchSettings {
+        max_batch_size: max_batch_size.map_or(defaults.max_batch_size, |n| n as usize),
+        max_batch_time: max_batch_time.map_or(defaults.max_batch_time, Duration::from_secs_f64),
+        policy: policy.unwrap_or(defaults.batch_policy),
+        max_queue_size: max_queue_size.map_or(defaults.max_queue_size, |n| n as usize),
+        timeout: timeout.map_or(defaults.timeout, Duration::from_secs_f64),
+        max_batch_tokens,
+        max_padding_ratio: max_padding_ratio.map(|x| Fraction::new(x).expect("checked to be from 0 to 1")),
+        priority_levels: levels as u32,
+        default_priority: default_priority.unwrap_or(0) as u32,
+        refuse_predicted_late: refuse_predicted_late.unwrap_or(true),
+    };
+    (batching, padding)
+}
 
 impl ModelSettings {
     /// Parses the JSON text of model-settings.json; `folder_name` is the model folder's name
@@ -349,54 +396,29 @@ impl ModelSettings {
             None => Some(default_uri.to_path_buf()),
         };
         let version = params.and_then(|p| get(p, "version")).and_then(|v| w.version(v));
-        let Batcher {
-            max_batch_size,
-            max_batch_time,
-            timeout,
-        } = w.batcher_fields(top);
-        let policy = get(top, "batch_policy").and_then(|v| w.choice(v, "batch_policy", POLICIES, false));
-        let max_queue_size =
-            get(top, "max_queue_size").and_then(|v| w.int(v, "max_queue_size", 1, 1_000_000));
-        let priority_levels = get(top, "priority_levels").and_then(|v| w.int(v, "priority_levels", 0, 1000));
-        let levels = priority_levels.unwrap_or(0);
-        let default_priority = match get(top, "default_priority") {
-            None => (levels > 0).then_some(levels),
-            Some(_) if levels == 0 => {
-                w.problems.push(
-                    "`default_priority` is set but `priority_levels` is not; set `priority_levels` (1 is the highest level)"
-                        .into(),
-                );
-                None
-            }
-            Some(v) => w.int(v, "default_priority", 1, levels),
-        };
-        let refuse_predicted_late =
-            get(top, "refuse_predicted_late").and_then(|v| w.boolean(v, "refuse_predicted_late"));
+        let (batching, padding) = batching(&mut w, top, defaults);
         let instances = get(top, "instances").and_then(|v| w.int(v, "instances", 1, 64));
         let provider =
             get(top, "execution_provider").and_then(|v| w.choice(v, "execution_provider", PROVIDERS, false));
         let device_ids = get(top, "device_ids").map(|v| w.device_ids(v));
-        let threads = "an integer between 1 and 1024 or null";
         let intra_op_threads = match top.get("intra_op_threads") {
             None => defaults.intra_op_threads,
             Some(Value::Null) => None,
             Some(v) => w
-                .int_as(v, "intra_op_threads", 1, 1024, threads)
+                .int_as(v, "intra_op_threads", 1, 1024, THREADS)
                 .map(|n| n as usize),
         };
         let warmup = get(top, "warmup").and_then(|v| w.boolean(v, "warmup"));
         let pinned = get(top, "pinned").and_then(|v| w.boolean(v, "pinned"));
-        let (padding, max_batch_tokens, max_padding_ratio) = w.padding_fields(top);
         let batch_axes = get(top, "batch_axes")
             .map(|v| w.batch_axes(v))
             .unwrap_or_default();
+        let cuda = get(top, "cuda").map_or_else(CudaOptions::default, |v| w.cuda_options(v));
         if !batch_axes.is_empty() && !padding.is_empty() {
             w.problems.push(
                 "`batch_axes` and `padding` are both set: a padded model batches on dim 0; remove one of them".into(),
             );
         }
-
-        let cuda = get(top, "cuda").map_or_else(CudaOptions::default, |v| w.cuda_options(v));
         if provider == Some(ExecutionProvider::Cpu) && !cuda.is_empty() {
             w.problems.push(
                 "`cuda` options are set but `execution_provider` is \"cpu\"; remove one of them".into(),
@@ -416,19 +438,7 @@ impl ModelSettings {
             name: name.unwrap_or_default(),
             uri: uri.unwrap_or_default(),
             version,
-            batching: BatchSettings {
-                max_batch_size: max_batch_size.map_or(defaults.max_batch_size, |n| n as usize),
-                max_batch_time: max_batch_time.map_or(defaults.max_batch_time, Duration::from_secs_f64),
-                policy: policy.unwrap_or(defaults.batch_policy),
-                max_queue_size: max_queue_size.map_or(defaults.max_queue_size, |n| n as usize),
-                timeout: timeout.map_or(defaults.timeout, Duration::from_secs_f64),
-                max_batch_tokens,
-                max_padding_ratio: max_padding_ratio
-                    .map(|x| Fraction::new(x).expect("checked to be from 0 to 1")),
-                priority_levels: levels as u32,
-                default_priority: default_priority.unwrap_or(0) as u32,
-                refuse_predicted_late: refuse_predicted_late.unwrap_or(true),
-            },
+            batching,
             instances: instances.map_or(defaults.instances, |n| n as usize),
             execution_provider: provider.unwrap_or(defaults.execution_provider),
             device_ids: device_ids.unwrap_or_else(|| vec![0]),

@@ -182,34 +182,16 @@ pub(super) async fn batching_task(
             publish_outlook(&shared, &state, &current, in_flight.remaining(now));
             next_publish = now + PUBLISH_EVERY;
         }
-        let decision = if draining || !open {
-            // Retired or closed: run what is queued as soon as a session can take it.
-            match !state.is_empty() && in_flight.len() <= instances {
-                true => Decision::Flush(Trigger::Drain),
-                false => Decision::Idle,
-            }
-        } else {
-            decide(&state, now, &current, Capacity::new(instances, in_flight.len()))
-        };
-        let wait = match decision {
+        let sessions = (instances, in_flight.len());
+        let wait = match what_now(&state, now, &current, sessions, draining || !open) {
             Decision::Flush(trigger) => {
-                let batch = state.take_batch(Limits::of(&current));
-                let units = batch_units(&batch);
-                let predicted = state.cost().map_or(Duration::ZERO, |f| f.predict(units));
-                let seq = in_flight.add(now, predicted);
-                dispatch(&shared, batch, trigger, (seq, units));
+                flush(&shared, &mut state, &current, &mut in_flight, trigger, now);
                 continue;
             }
             Decision::Wait(d) => Some(d),
             Decision::Idle => None,
         };
-        let wait = until_expiry(wait, &state, now);
-        let sleep = async {
-            match wait {
-                Some(d) => tokio::time::sleep(d).await,
-                None => std::future::pending().await,
-            }
-        };
+        let sleep = sleep_for(until_expiry(wait, &state, now));
         let idle = open && !draining && state.is_empty();
         shared.idle.store(idle, Ordering::Relaxed);
         fence(Ordering::SeqCst);
@@ -243,6 +225,50 @@ pub(super) async fn batching_task(
         }
     }
     tracing::debug!(model = %shared.model, "batcher drained and stopped");
+}
+
+/// Sleeps `wait`, or forever for `None`.
+async fn sleep_for(wait: Option<Duration>) {
+    match wait {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What the loop does now, with `sessions` (the model's sessions, the
+/// batches in flight): [`decide`]'s answer, or, once the model is retired or
+/// its handles are gone (`winding_down`), run what is queued as soon as a
+/// session can take it.
+fn what_now(
+    state: &State,
+    now: Instant,
+    current: &BatchSettings,
+    (instances, running): (usize, usize),
+    winding_down: bool,
+) -> Decision {
+    if !winding_down {
+        return decide(state, now, current, Capacity::new(instances, running));
+    }
+    match !state.is_empty() && running <= instances {
+        true => Decision::Flush(Trigger::Drain),
+        false => Decision::Idle,
+    }
+}
+
+/// Forms the batch [`decide`] asked for and hands it to a session.
+fn flush(
+    shared: &Arc<Shared>,
+    state: &mut State,
+    current: &BatchSettings,
+    in_flight: &mut InFlight,
+    trigger: Trigger,
+    now: Instant,
+) {
+    let batch = state.take_batch(Limits::of(current));
+    let units = batch_units(&batch);
+    let predicted = state.cost().map_or(Duration::ZERO, |f| f.predict(units));
+    let seq = in_flight.add(now, predicted);
+    dispatch(shared, batch, trigger, (seq, units));
 }
 
 /// Takes the requests that can no longer run out of the queue: an expired

@@ -1,15 +1,14 @@
-//! The Open Inference Protocol (KServe V2) REST wire types and their
-//! conversions to and from [`InferRequest`] / [`InferResponse`]. JSON tensor
-//! data only: the binary tensor data extension (`super::v2_binary`) frames a
-//! body with these types and calls [`decode_input`] for the inputs it carries
-//! as JSON; on its own, the conversion here refuses binary inputs.
+//! The Open Inference Protocol (KServe V2) REST wire types, the decoding
+//! of an input that carries JSON `data` ([`decode_input`]), and the JSON
+//! response ([`JsonResponse`]). `super::v2_binary` reads a whole request
+//! body (JSON, or a JSON header and binary data) with these types.
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::json::{self, JsonElements, Layout};
-use super::{InferRequest, InferResponse};
+use super::InferResponse;
 use crate::error::Error;
 use crate::tensor::{DataType, Signature, Tensor, TensorSpec};
 
@@ -187,18 +186,10 @@ pub(crate) fn parse_shape(what: &str, wire: &[i64]) -> Result<(Vec<usize>, usize
     Ok((shape, count))
 }
 
-/// Decodes an input whose elements are in its JSON `data`.
+/// Decodes an input whose elements are in its JSON `data` (one without
+/// binary data: `super::v2_binary` takes those).
 pub(crate) fn decode_input(input: RequestInput<'_>) -> Result<Tensor, Error> {
     let what = format!("input `{}`", input.name);
-    if input
-        .parameters
-        .as_ref()
-        .is_some_and(|p| p.contains_key("binary_data_size"))
-    {
-        return Err(Error::Unsupported(format!(
-            "{what}: binary tensor data (`binary_data_size`) is not supported on this endpoint; send `data` as JSON"
-        )));
-    }
     let dtype = parse_datatype(&what, &input.datatype)?;
     let (shape, count) = parse_shape(&what, &input.shape)?;
     let Some(raw) = &input.data else {
@@ -217,28 +208,6 @@ pub(crate) fn decode_input(input: RequestInput<'_>) -> Result<Tensor, Error> {
         shape,
         data,
     })
-}
-
-impl TryFrom<InferenceRequest<'_>> for InferRequest {
-    type Error = Error;
-
-    /// Decodes the wire request; [`super::validate`] then checks it against the model.
-    fn try_from(req: InferenceRequest<'_>) -> Result<Self, Error> {
-        // Binary inputs and outputs (`binary_data_size`, `binary_data_output`,
-        // `binary_data`) are `super::v2_binary`'s; this is the pure-JSON form.
-        let inputs = req
-            .inputs
-            .into_iter()
-            .map(decode_input)
-            .collect::<Result<_, _>>()?;
-        let outputs = req.outputs.map(|outs| outs.into_iter().map(|o| o.name).collect());
-        Ok(InferRequest {
-            id: req.id,
-            inputs,
-            outputs,
-            schedule: schedule(req.parameters.as_ref())?,
-        })
-    }
 }
 
 /// The request's `timeout` and `priority` from its `parameters`, as
@@ -303,12 +272,17 @@ impl<'a> From<&'a InferResponse> for JsonResponse<'a> {
 mod tests {
     use super::*;
     use crate::error::ErrorKind;
+    use crate::protocol::InferRequest;
     use crate::tensor::TensorData;
     use serde_json::json;
 
+    /// What the server decodes from a JSON body through serde_json.
     fn decode(body: Value) -> Result<InferRequest, Error> {
-        let text = body.to_string();
-        InferRequest::try_from(serde_json::from_str::<InferenceRequest>(&text).unwrap())
+        decode_text(&body.to_string())
+    }
+
+    fn decode_text(text: &str) -> Result<InferRequest, Error> {
+        super::super::v2_binary::decode_request_serde(text.as_bytes(), None).map(|d| d.request)
     }
 
     /// The response as a client reads it: its text, parsed.
@@ -330,9 +304,7 @@ mod tests {
 
     #[test]
     fn golden_request_decodes() {
-        let body: InferenceRequest =
-            serde_json::from_str(include_str!("../../tests/fixtures/v2/infer-request.json")).unwrap();
-        let req = InferRequest::try_from(body).unwrap();
+        let req = decode_text(include_str!("../../tests/fixtures/v2/infer-request.json")).unwrap();
         assert_eq!(req.id.as_deref(), Some("42"));
         assert_eq!(req.outputs, Some(vec!["y".to_string()]));
         let x = Tensor::new(
@@ -347,11 +319,11 @@ mod tests {
 
     #[test]
     fn golden_bad_dtype_names_input_and_allowed_list() {
-        let body: InferenceRequest = serde_json::from_str(include_str!(
+        let m = decode_text(include_str!(
             "../../tests/fixtures/v2/infer-request-bad-dtype.json"
         ))
-        .unwrap();
-        let m = InferRequest::try_from(body).unwrap_err().to_string();
+        .unwrap_err()
+        .to_string();
         assert_eq!(
             m,
             "input `x`: unknown datatype \"FLOAT32\"; expected one of BOOL, UINT8, UINT16, UINT32, UINT64, \
@@ -460,15 +432,6 @@ mod tests {
         assert_eq!(m, "input `x`: element 1 is 1.5, expected an integer for INT32");
         let m = decode_err(one(json!([2]), "FP32", json!([1, "2"])));
         assert_eq!(m, "input `x`: element 1 is \"2\", expected a number for FP32");
-    }
-
-    #[test]
-    fn binary_data_inputs_are_unsupported_here() {
-        let body = json!({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32",
-            "parameters": {"binary_data_size": 8}}]});
-        let e = decode(body).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Unsupported);
-        assert!(e.to_string().starts_with("input `x`: binary tensor data"), "{e}");
     }
 
     #[test]

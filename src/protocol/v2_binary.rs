@@ -94,26 +94,8 @@ pub fn decode_request(body: &[u8], header: Option<&[u8]>) -> Result<DecodedReque
 /// [`decode_request`] through `serde_json` and [`v2::decode_input`]: every
 /// body, with the error messages.
 pub(super) fn decode_request_serde(body: &[u8], header: Option<&[u8]>) -> Result<DecodedRequest, Error> {
-    let json_len = match header {
-        None => body.len(),
-        Some(raw) => {
-            let text = std::str::from_utf8(raw).unwrap_or("").trim();
-            let n: usize = text.parse().map_err(|_| {
-                Error::invalid(format!(
-                    "{HEADER_LENGTH} must be a byte count, got {:?}",
-                    String::from_utf8_lossy(raw)
-                ))
-            })?;
-            if n > body.len() {
-                return Err(Error::invalid(format!(
-                    "{HEADER_LENGTH} is {n} bytes but the request body has only {}",
-                    body.len()
-                )));
-            }
-            n
-        }
-    };
-    let (json, mut binary) = body.split_at(json_len);
+    let json_len = json_length(body, header)?;
+    let (json, binary) = body.split_at(json_len);
     let wire: InferenceRequest = serde_json::from_slice(json).map_err(|e| match header {
         Some(_) => Error::invalid(format!(
             "invalid JSON in the first {json_len} bytes of the body ({HEADER_LENGTH}): {e}"
@@ -124,49 +106,23 @@ pub(super) fn decode_request_serde(body: &[u8], header: Option<&[u8]>) -> Result
     let all = bool_param(wire.parameters.as_ref(), "binary_data_output", "request")?.unwrap_or(false);
     let schedule = super::v2::schedule(wire.parameters.as_ref())?;
 
-    let binary_total = binary.len();
-    let mut inputs = Vec::with_capacity(wire.inputs.len());
-    for input in wire.inputs {
-        let what = format!("input `{}`", input.name);
-        refuse_unsupported(input.parameters.as_ref(), &what)?;
-        let Some(size) = binary_size(&input, &what)? else {
-            inputs.push(v2::decode_input(input)?);
-            continue;
-        };
-        if header.is_none() {
-            return Err(Error::invalid(format!(
-                "{what}: `binary_data_size` is {size}, but the request has no {HEADER_LENGTH} header, \
-                 so its whole body is JSON and carries no binary data"
-            )));
-        }
-        if input.data.is_some() {
-            return Err(Error::invalid(format!(
-                "{what}: has both `data` and `binary_data_size`; send one of them"
-            )));
-        }
-        if size > binary.len() {
-            return Err(Error::invalid(format!(
-                "{what}: `binary_data_size` is {size} bytes but only {} bytes of binary data are left \
-                 (the body has {binary_total} bytes after its {json_len}-byte JSON header)",
-                binary.len()
-            )));
-        }
-        let (mine, rest) = binary.split_at(size);
-        binary = rest;
-        let dtype = v2::parse_datatype(&what, &input.datatype)?;
-        let (shape, _) = v2::parse_shape(&what, &input.shape)?;
-        let data = binary::decode(&what, dtype, &shape, mine)?;
-        inputs.push(Tensor {
-            name: input.name,
-            shape,
-            data,
-        });
-    }
-    if !binary.is_empty() {
+    let mut rest = Binary {
+        left: binary,
+        total: binary.len(),
+        json_len,
+        framed: header.is_some(),
+    };
+    let inputs = wire
+        .inputs
+        .into_iter()
+        .map(|input| rest.input(input))
+        .collect::<Result<Vec<_>, _>>()?;
+    if !rest.left.is_empty() {
         return Err(Error::invalid(format!(
-            "the body has {binary_total} bytes of binary data after its {json_len}-byte JSON header, \
+            "the body has {} bytes of binary data after its {json_len}-byte JSON header, \
              but the inputs' `binary_data_size` add up to {}",
-            binary_total - binary.len()
+            rest.total,
+            rest.total - rest.left.len()
         )));
     }
 
@@ -195,6 +151,82 @@ pub(super) fn decode_request_serde(body: &[u8], header: Option<&[u8]>) -> Result
         },
         outputs: OutputEncoding { all, per_output },
     })
+}
+
+/// The length of the body's JSON part: the [`HEADER_LENGTH`] header's value
+/// (`header`, raw), or the whole body without one.
+fn json_length(body: &[u8], header: Option<&[u8]>) -> Result<usize, Error> {
+    let Some(raw) = header else {
+        return Ok(body.len());
+    };
+    let text = std::str::from_utf8(raw).unwrap_or("").trim();
+    let n: usize = text.parse().map_err(|_| {
+        Error::invalid(format!(
+            "{HEADER_LENGTH} must be a byte count, got {:?}",
+            String::from_utf8_lossy(raw)
+        ))
+    })?;
+    if n > body.len() {
+        return Err(Error::invalid(format!(
+            "{HEADER_LENGTH} is {n} bytes but the request body has only {}",
+            body.len()
+        )));
+    }
+    Ok(n)
+}
+
+/// The binary data after a body's JSON part, taken by its inputs in order.
+struct Binary<'b> {
+    /// What the inputs so far left.
+    left: &'b [u8],
+    /// All of it.
+    total: usize,
+    /// The JSON part's length.
+    json_len: usize,
+    /// Whether the body has a [`HEADER_LENGTH`] header (else it is all JSON).
+    framed: bool,
+}
+
+impl Binary<'_> {
+    /// Decodes one input: from its JSON `data`, or from the next
+    /// `binary_data_size` bytes.
+    fn input(&mut self, input: RequestInput<'_>) -> Result<Tensor, Error> {
+        let what = format!("input `{}`", input.name);
+        refuse_unsupported(input.parameters.as_ref(), &what)?;
+        let Some(size) = binary_size(&input, &what)? else {
+            return v2::decode_input(input);
+        };
+        if !self.framed {
+            return Err(Error::invalid(format!(
+                "{what}: `binary_data_size` is {size}, but the request has no {HEADER_LENGTH} header, \
+                 so its whole body is JSON and carries no binary data"
+            )));
+        }
+        if input.data.is_some() {
+            return Err(Error::invalid(format!(
+                "{what}: has both `data` and `binary_data_size`; send one of them"
+            )));
+        }
+        if size > self.left.len() {
+            return Err(Error::invalid(format!(
+                "{what}: `binary_data_size` is {size} bytes but only {} bytes of binary data are left \
+                 (the body has {} bytes after its {}-byte JSON header)",
+                self.left.len(),
+                self.total,
+                self.json_len
+            )));
+        }
+        let (mine, rest) = self.left.split_at(size);
+        self.left = rest;
+        let dtype = v2::parse_datatype(&what, &input.datatype)?;
+        let (shape, _) = v2::parse_shape(&what, &input.shape)?;
+        let data = binary::decode(&what, dtype, &shape, mine)?;
+        Ok(Tensor {
+            name: input.name,
+            shape,
+            data,
+        })
+    }
 }
 
 /// An input's `binary_data_size`, if it has one.

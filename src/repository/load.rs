@@ -100,15 +100,7 @@ pub async fn build(
     .await
     .map_err(|e| LoadError::Internal(format!("loading {} panicked: {e}", path.display())))??;
     let Checked { padding, layout } = check_loaded(name, &mut settings, &loaded.signature)?;
-    let devices: Vec<String> = loaded.sessions.iter().map(|(d, _)| d.to_string()).collect();
-    let cuda_ids: Vec<u32> = loaded
-        .sessions
-        .iter()
-        .filter_map(|(d, _)| match d {
-            Device::Cuda(id) => Some(*id),
-            Device::Cpu => None,
-        })
-        .collect();
+    let devices: Vec<Device> = loaded.sessions.iter().map(|(d, _)| *d).collect();
     let outputs: Vec<String> = loaded.signature.outputs.iter().map(|o| o.name.clone()).collect();
     let started = Instant::now();
     let padded = padding.as_ref().map(|p| p.symbols().join(","));
@@ -123,7 +115,7 @@ pub async fn build(
     // The padded dims, and the bound the batcher enforces (its device's default when unset).
     let padded =
         padded.map(|dims| format!("{dims} (max_padding_ratio {})", batcher.settings().max_padding()));
-    let device_bytes = device_growth(&gpu_before, &cuda_ids).await;
+    let device_bytes = device_growth(&gpu_before, &devices).await;
     // What warm-up allocated and freed is not the model's.
     crate::runtime::release_free_memory();
     let memory = Memory {
@@ -134,7 +126,7 @@ pub async fn build(
     tracing::info!(
         model = %name,
         version = settings.version.as_deref().unwrap_or("-"),
-        devices = %devices.join(","),
+        devices = %devices.iter().map(Device::to_string).collect::<Vec<_>>().join(","),
         provider = %loaded.provider_reason,
         inputs = %describe(&loaded.signature.inputs),
         outputs = %describe(&loaded.signature.outputs),
@@ -195,16 +187,23 @@ pub fn check_loaded(
     Ok(Checked { padding, layout })
 }
 
-/// The GPU memory each of `cuda_ids` gained since `before` was read (empty
+/// The GPU memory each CUDA device of `devices` gained since `before` was read (empty
 /// for a model on the CPU).
-async fn device_growth(before: &[u64], cuda_ids: &[u32]) -> Vec<DeviceBytes> {
+async fn device_growth(before: &[u64], devices: &[Device]) -> Vec<DeviceBytes> {
+    let cuda_ids: Vec<u32> = devices
+        .iter()
+        .filter_map(|d| match d {
+            Device::Cuda(id) => Some(*id),
+            Device::Cpu => None,
+        })
+        .collect();
     if cuda_ids.is_empty() {
         return Vec::new();
     }
     let after = tokio::task::spawn_blocking(device_memory::used_per_device)
         .await
         .unwrap_or_default();
-    device_memory::growth(before, &after, cuda_ids)
+    device_memory::growth(before, &after, &cuda_ids)
         .into_iter()
         .map(|(device, bytes)| DeviceBytes { device, bytes })
         .collect()

@@ -248,20 +248,7 @@ impl Runtime for OnnxRuntime {
             path: path.display().to_string(),
             message,
         };
-        // Only a regular file (symlinks followed) reaches ONNX Runtime: a
-        // FIFO or a device would block or never end its read.
-        match std::fs::metadata(path) {
-            Ok(m) if m.file_type().is_file() => {}
-            Ok(_) => {
-                return Err(load_err(
-                    "not a regular file (a FIFO, device, socket or folder); refused".into(),
-                ))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(load_err("file not found".into()))
-            }
-            Err(e) => return Err(load_err(e.to_string())),
-        }
+        regular_file(path).map_err(load_err)?;
         let cuda_built = ep::CUDA::is_available().unwrap_or(false);
         let no_cuda = || {
             format!(
@@ -333,6 +320,17 @@ impl Runtime for OnnxRuntime {
             provider_reason: reason,
             weights_bytes: super::weights::size(path).map_err(load_err)?,
         })
+    }
+}
+
+/// Only a regular file (symlinks followed) reaches ONNX Runtime: a FIFO or
+/// a device would block or never end its read.
+fn regular_file(path: &Path) -> Result<(), String> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.file_type().is_file() => Ok(()),
+        Ok(_) => Err("not a regular file (a FIFO, device, socket or folder); refused".into()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err("file not found".into()),
+        Err(e) => Err(e.to_string()),
     }
 }
 

@@ -254,49 +254,6 @@ fn mlserver_fields_are_accepted_type_checked_and_named_as_unused() {
 }
 
 #[test]
-fn declared_inputs_and_outputs_parse_and_check_against_the_signature() {
-    use crate::tensor::{Signature, TensorSpec};
-    let s = ok(
-        r#"{"inputs": [{"name": "input", "datatype": "FP32", "shape": [-1, 64], "parameters": {}}],
-                   "outputs": [{"name": "label", "datatype": "INT64"}, {"name": "probabilities", "shape": [10]}]}"#,
-    );
-    let spec = |name: &str, dtype, shape: &[i64]| TensorSpec {
-        name: name.into(),
-        dtype,
-        shape: shape.to_vec(),
-        dim_names: vec![],
-    };
-    let sig = Signature {
-        inputs: vec![spec("input", DataType::F32, &[-1, 64])],
-        outputs: vec![
-            spec("label", DataType::I64, &[-1]),
-            spec("probabilities", DataType::F32, &[-1, 10]),
-        ],
-    };
-    s.check_declared(&sig).unwrap();
-    let bad = ok(
-        r#"{"inputs": [{"name": "input", "datatype": "FP64", "shape": [-1, 8]}, {"name": "extra"}],
-                     "outputs": [{"name": "label", "shape": [1, 2, 3]}]}"#,
-    );
-    let err = bad.check_declared(&sig).unwrap_err();
-    for part in [
-        "`inputs[0].datatype` of `input` is FP64, but the ONNX file says FP32",
-        "`inputs[0].shape` of `input` is [-1, 8], but the ONNX file says [-1, 64]",
-        "`inputs[1]` declares `extra`, which the ONNX file does not have (its inputs: `input`)",
-        "`outputs[0].shape` of `label` is [1, 2, 3]",
-    ] {
-        assert!(err.contains(part), "{part} not in {err}");
-    }
-    assert_eq!(
-        problems(r#"{"inputs": [{"datatype": "FLOAT", "shape": [1.5]}], "outputs": {}}"#),
-        [
-            "`inputs[0].name` is missing",
-            "`outputs` must be an array of {\"name\", \"datatype\", \"shape\"} objects, got {}",
-        ]
-    );
-}
-
-#[test]
 fn wrong_types_name_field_expectation_and_value() {
     let p = problems(
         r#"{"max_batch_size": "32", "warmup": "yes", "name": 7, "parameters": [1],
@@ -578,6 +535,7 @@ fn serializes_durations_as_seconds_and_enums_by_name() {
     assert!("GPU".parse::<ExecutionProvider>().is_err());
 }
 
+mod declared;
 mod padding;
 
 #[test]

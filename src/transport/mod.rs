@@ -108,25 +108,8 @@ where
     let refusing = Arc::new(Semaphore::new(REFUSING));
     let mut draining = false;
     loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = stop.wait_for(|s| *s), if !draining => {
-                draining = true;
-                continue;
-            }
-            _ = open.wait_for(|n| *n == 0), if draining => return Ok(()),
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                accept_failed(e).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let stream = match &tls {
-            Some(acceptor) => Socket::Tls(Box::new(acceptor.accept(stream))),
-            None => Socket::Plain(stream),
+        let Some(stream) = accept(&listener, tls.as_ref(), &mut stop, &mut open, &mut draining).await else {
+            return Ok(());
         };
         let Some(ticket) = connections.admit().await else {
             match refuse_with_503 {
@@ -161,6 +144,39 @@ where
             drop(ticket);
         };
         tokio::spawn(repoll::Repoll::new(task, running));
+    }
+}
+
+/// The next connection (speaking TLS when the port has it); `None` once
+/// `stop` turned true (`draining` is then set) and every connection closed.
+async fn accept(
+    listener: &TcpListener,
+    tls: Option<&crate::tls::Acceptor>,
+    stop: &mut watch::Receiver<bool>,
+    open: &mut watch::Receiver<usize>,
+    draining: &mut bool,
+) -> Option<Socket> {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|s| *s), if !*draining => {
+                *draining = true;
+                continue;
+            }
+            _ = open.wait_for(|n| *n == 0), if *draining => return None,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                accept_failed(e).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        return Some(match tls {
+            Some(acceptor) => Socket::Tls(Box::new(acceptor.accept(stream))),
+            None => Socket::Plain(stream),
+        });
     }
 }
 

@@ -124,6 +124,20 @@ fn after_ws(b: &[u8], mut i: usize) -> usize {
     i
 }
 
+/// Where a walk is.
+struct Cursor {
+    /// The index in the bytes.
+    i: usize,
+    /// The arrays open around it.
+    depth: usize,
+    /// Leaves read.
+    n: usize,
+    /// Leaves left to `leaf` before `run` is tried again.
+    rest: usize,
+    /// With [`Layout::Rectangular`], the shape so far.
+    shape: Option<Shape>,
+}
+
 /// One walk over a value's bytes.
 struct Walk<'a> {
     e: &'a Elements<'a>,
@@ -146,104 +160,124 @@ impl<'a> Walk<'a> {
         leaf: impl Fn(usize, &'a [u8]) -> Result<(S::Item<'a>, usize), Error>,
     ) -> Result<Read, Error> {
         let b = self.b;
-        let (keep, mut shape) = match self.layout {
+        let (keep, shape) = match self.layout {
             Layout::Count(count) => (count, None),
             Layout::Rectangular => (usize::MAX, Some(Shape::default())),
         };
-        let mut i = after_ws(b, 0);
-        if b.get(i) != Some(&b'[') {
-            if shape.is_none() {
-                return Err(self.not_an_array(i));
+        let mut c = Cursor {
+            i: after_ws(b, 0),
+            depth: 0,
+            n: 0,
+            rest: 0,
+            shape,
+        };
+        if b.get(c.i) != Some(&b'[') {
+            if c.shape.is_none() {
+                return Err(self.not_an_array(c.i));
             }
-            let (x, len) = leaf(0, &b[i..])?;
+            let (x, len) = leaf(0, &b[c.i..])?;
             out.push(x);
             return Ok(Read {
                 leaves: 1,
                 shape: vec![],
-                end: i + len,
+                end: c.i + len,
             });
         }
         // Every element takes at least two bytes of text: a body that
         // claims a huge shape reserves no more than its text can fill.
-        out.reserve(keep.min((b.len() - i) / 2 + 1));
+        out.reserve(keep.min((b.len() - c.i) / 2 + 1));
         let base = out.len();
-        let (mut n, mut depth, mut rest) = (0usize, 0usize, 0usize);
         loop {
             // A value: an array, or a leaf.
-            i = after_ws(b, i);
-            match b.get(i) {
+            c.i = after_ws(b, c.i);
+            match b.get(c.i) {
                 Some(b'[') => {
-                    if depth == MAX_DEPTH {
-                        return Err(self.e.malformed(format!("nests deeper than {MAX_DEPTH} arrays")));
-                    }
-                    if let Some(s) = &mut shape {
-                        s.open(depth).map_err(|()| self.ragged())?;
-                    }
-                    depth += 1;
-                    i = after_ws(b, i + 1);
-                    if b.get(i) != Some(&b']') {
+                    if self.open(&mut c)? {
                         continue;
                     }
                 }
                 Some(b'{') => return Err(self.object()),
                 Some(_) => {
-                    if rest == 0 {
-                        let room = keep.saturating_sub(out.len() - base);
+                    if c.rest == 0 {
                         let before = out.len();
-                        let read = run(&b[i..], out, room);
+                        let read = run(&b[c.i..], out, keep.saturating_sub(before - base));
                         if read > 0 {
-                            let k = out.len() - before;
-                            if let Some(s) = &mut shape {
-                                s.leaves(depth, k).map_err(|()| self.ragged())?;
-                            }
-                            n += k;
-                            // Just after a comma: a value follows.
-                            i += read;
+                            // Up to just after a comma: a value follows.
+                            self.leaves(&mut c, out.len() - before)?;
+                            c.i += read;
                             continue;
                         }
-                        rest = RUN_REST;
+                        c.rest = RUN_REST;
                     }
-                    rest -= 1;
-                    let (x, len) = leaf(n, &b[i..])?;
-                    if n < keep {
+                    c.rest -= 1;
+                    let (x, len) = leaf(c.n, &b[c.i..])?;
+                    if c.n < keep {
                         out.push(x);
                     }
-                    if let Some(s) = &mut shape {
-                        s.leaves(depth, 1).map_err(|()| self.ragged())?;
-                    }
-                    n += 1;
-                    i += len;
+                    self.leaves(&mut c, 1)?;
+                    c.i += len;
                 }
                 None => return Err(self.e.malformed("ends inside an array".into())),
             }
-            // After a value (or an empty array's `[`): `,` or `]`s.
-            loop {
-                i = after_ws(b, i);
-                match b.get(i) {
-                    Some(b']') => {
-                        i += 1;
-                        depth -= 1;
-                        if let Some(s) = &mut shape {
-                            s.close(depth).map_err(|()| self.ragged())?;
-                        }
-                        if depth == 0 {
-                            let shape = shape.map(Shape::dims).unwrap_or_default();
-                            return Ok(Read {
-                                leaves: n,
-                                shape,
-                                end: i,
-                            });
-                        }
+            if let Some(read) = self.after_value(&mut c)? {
+                return Ok(read);
+            }
+        }
+    }
+
+    /// An array opens at the cursor; false when it is empty (`[]`: the
+    /// cursor is then at its `]`).
+    fn open(&self, c: &mut Cursor) -> Result<bool, Error> {
+        if c.depth == MAX_DEPTH {
+            return Err(self.e.malformed(format!("nests deeper than {MAX_DEPTH} arrays")));
+        }
+        if let Some(s) = &mut c.shape {
+            s.open(c.depth).map_err(|()| self.ragged())?;
+        }
+        c.depth += 1;
+        c.i = after_ws(self.b, c.i + 1);
+        Ok(self.b.get(c.i) != Some(&b']'))
+    }
+
+    /// `k` leaves were read at the cursor's depth.
+    #[inline(always)]
+    fn leaves(&self, c: &mut Cursor, k: usize) -> Result<(), Error> {
+        if let Some(s) = &mut c.shape {
+            s.leaves(c.depth, k).map_err(|()| self.ragged())?;
+        }
+        c.n += k;
+        Ok(())
+    }
+
+    /// After a value (or an empty array's `[`): `,` (the cursor moves past
+    /// it, to the next value) or `]`s; the value read when the last closes.
+    #[inline(always)]
+    fn after_value(&self, c: &mut Cursor) -> Result<Option<Read>, Error> {
+        loop {
+            c.i = after_ws(self.b, c.i);
+            match self.b.get(c.i) {
+                Some(b']') => {
+                    c.i += 1;
+                    c.depth -= 1;
+                    if let Some(s) = &mut c.shape {
+                        s.close(c.depth).map_err(|()| self.ragged())?;
                     }
-                    Some(b',') => {
-                        i += 1;
-                        break;
+                    if c.depth == 0 {
+                        let shape = c.shape.take().map(Shape::dims).unwrap_or_default();
+                        return Ok(Some(Read {
+                            leaves: c.n,
+                            shape,
+                            end: c.i,
+                        }));
                     }
-                    _ => {
-                        return Err(self
-                            .e
-                            .malformed(format!("has {} where `,` or `]` belongs", self.show(i))))
-                    }
+                }
+                Some(b',') => {
+                    c.i += 1;
+                    return Ok(None);
+                }
+                _ => {
+                    let got = self.show(c.i);
+                    return Err(self.e.malformed(format!("has {got} where `,` or `]` belongs")));
                 }
             }
         }
