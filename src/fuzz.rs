@@ -42,7 +42,19 @@ pub const TARGETS: [(&str, Target); 5] = [
 
 /// A V2 REST body without `Inference-Header-Content-Length`: all JSON.
 pub fn v2_json(data: &[u8]) {
-    if let Ok(decoded) = v2_binary::decode_request(data, None) {
+    let decoded = v2_binary::decode_request(data, None);
+    // The one-pass reader takes a body only as serde_json's way reads it.
+    if let Ok(one_pass) = &decoded {
+        let careful = v2_binary::decode_request_serde(data, None)
+            .expect("a body the one-pass reader took is one serde_json's way takes");
+        // Through `Debug`, so that -0.0 and 0.0 differ.
+        let same = format!("{:?}", one_pass.request) == format!("{:?}", careful.request);
+        assert!(
+            same && one_pass.outputs == careful.outputs,
+            "the one-pass reader and serde_json's way disagree"
+        );
+    }
+    if let Ok(decoded) = decoded {
         serve_all(&decoded.request, &decoded.outputs);
     }
 }

@@ -93,7 +93,7 @@ pub fn decode_request(body: &[u8], header: Option<&[u8]>) -> Result<DecodedReque
 
 /// [`decode_request`] through `serde_json` and [`v2::decode_input`]: every
 /// body, with the error messages.
-pub(super) fn decode_request_serde(body: &[u8], header: Option<&[u8]>) -> Result<DecodedRequest, Error> {
+pub(crate) fn decode_request_serde(body: &[u8], header: Option<&[u8]>) -> Result<DecodedRequest, Error> {
     let json_len = json_length(body, header)?;
     let (json, binary) = body.split_at(json_len);
     let wire: InferenceRequest = serde_json::from_slice(json).map_err(|e| match header {

@@ -159,10 +159,14 @@ impl<'a> Reader<'a> {
         std::str::from_utf8(&self.b[start..start + len]).ok()
     }
 
-    /// An integer written as digits, that fits an i64.
+    /// An integer written as digits, that fits an i64; not `-0`, which
+    /// serde_json reads as a float (and refuses for an i64).
     fn int(&mut self) -> Option<i64> {
         self.ws();
         let (n, len) = json::number::<i64>(&self.b[self.i..])?;
+        if n == 0 && self.b[self.i] == b'-' {
+            return None;
+        }
         self.i += len;
         Some(n)
     }

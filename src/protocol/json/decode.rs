@@ -2,7 +2,7 @@
 //! leaves) over its bytes, in one pass, and appends each leaf, parsed as the
 //! tensor's datatype ([`super::element`]), to a typed vector. It checks the
 //! JSON grammar of what it reads, so it may run on bytes no JSON parser has
-//! seen (`super::super::v2_scan`) as well as on text serde_json has.
+//! seen (the one-pass V2 reader, `protocol/v2_scan.rs`) as well as on text serde_json has.
 
 use std::borrow::Cow;
 
@@ -14,7 +14,7 @@ use crate::tensor::{Strings, TensorData};
 /// Deepest nesting of arrays read (serde_json's own limit).
 const MAX_DEPTH: usize = 128;
 
-/// Elements read one by one after `run` (see [`walk`]) stopped, before it is
+/// Elements read one by one after `run` (see [`Walk::walk`]) stopped, before it is
 /// tried again: a body of exponent forms (`-8.5e-1`), which `run` never
 /// reads, would otherwise pay for a failed try at every element.
 const RUN_REST: usize = 16;
@@ -217,7 +217,7 @@ impl<'a> Walk<'a> {
                     self.leaves(&mut c, 1)?;
                     c.i += len;
                 }
-                None => return Err(self.e.malformed("ends inside an array".into())),
+                None => return Err(self.malformed("ends inside an array".into())),
             }
             if let Some(read) = self.after_value(&mut c)? {
                 return Ok(read);
@@ -229,7 +229,7 @@ impl<'a> Walk<'a> {
     /// cursor is then at its `]`).
     fn open(&self, c: &mut Cursor) -> Result<bool, Error> {
         if c.depth == MAX_DEPTH {
-            return Err(self.e.malformed(format!("nests deeper than {MAX_DEPTH} arrays")));
+            return Err(self.malformed(format!("nests deeper than {MAX_DEPTH} arrays")));
         }
         if let Some(s) = &mut c.shape {
             s.open(c.depth).map_err(|()| self.ragged())?;
@@ -277,7 +277,7 @@ impl<'a> Walk<'a> {
                 }
                 _ => {
                     let got = self.show(c.i);
-                    return Err(self.e.malformed(format!("has {got} where `,` or `]` belongs")));
+                    return Err(self.malformed(format!("has {got} where `,` or `]` belongs")));
                 }
             }
         }
@@ -315,18 +315,16 @@ impl<'a> Walk<'a> {
     }
 
     #[cold]
+    fn malformed(&self, how: String) -> Error {
+        Error::invalid(format!("{}: invalid JSON: the value {how}", self.e.what))
+    }
+
+    #[cold]
     fn ragged(&self) -> Error {
         Error::invalid(format!(
             "{} is ragged: its sub-arrays differ in length or in depth",
             self.e.what
         ))
-    }
-}
-
-impl Elements<'_> {
-    #[cold]
-    fn malformed(&self, how: String) -> Error {
-        Error::invalid(format!("{}: invalid JSON: the value {how}", self.what))
     }
 }
 

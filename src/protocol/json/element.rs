@@ -15,7 +15,9 @@ const FLOAT: ParseFloatOptions = ParseFloatOptions::new();
 const INTEGER: ParseIntegerOptions = ParseIntegerOptions::new();
 
 /// The number of `T` at the front of `b` and its length, when it is a whole
-/// JSON number token (the byte after it may follow an array element).
+/// JSON number token (the byte after it may follow an array element). A
+/// JSON number ends with a digit; the check matters, since lexical-core's
+/// integer parser reads a lone `-` before a non-digit as 0.
 #[inline(always)]
 pub(crate) fn number<T>(b: &[u8]) -> Option<(T, usize)>
 where
@@ -23,7 +25,7 @@ where
     T::Options: Options,
 {
     match lexical_core::parse_partial_with_options::<T, JSON>(b, T::Options::get()) {
-        Ok((x, len)) if len > 0 && ends(b, len) => Some((x, len)),
+        Ok((x, len)) if len > 0 && b[len - 1].is_ascii_digit() && ends(b, len) => Some((x, len)),
         _ => None,
     }
 }
@@ -200,7 +202,8 @@ mod tests {
         assert_eq!(number::<i64>(b"2.0"), None);
         assert_eq!(number::<f64>(b"1e400"), Some((f64::INFINITY, 5)));
         for bad in [
-            "", "-", ".5", "1.", "1e", "1e+", "true", "\"1\"", "1x", "0x10", "NaN", "01", "+1", "-0",
+            "", "-", "-]", "-,", "- ", "--1", "-.5", ".5", "1.", "1e", "1e+", "true", "\"1\"", "1x", "0x10",
+            "NaN", "01", "+1", "-0",
         ] {
             assert_eq!(number::<i64>(bad.as_bytes()), None, "{bad}");
             if bad != "-0" {

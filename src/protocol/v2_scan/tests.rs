@@ -146,6 +146,11 @@ fn unusual_bodies_are_left_to_serde() {
         with(r#""name":"x","shape":[1],"datatype":"UINT8","data":[-1]"#),
         // Not JSON, or not the declared element count.
         with(&format!(r#"{base},"data":[01,2]"#)),
+        // A lone minus sign, which lexical-core's integer parser reads as 0.
+        with(r#""name":"x","shape":[-],"datatype":"INT16","data":[]"#),
+        // `-0` as a dim: serde_json reads a float there.
+        with(r#""name":"x","shape":[-0,2],"datatype":"FP32","data":[]"#),
+        with(r#""name":"x","shape":[2],"datatype":"INT64","data":[-,1]"#),
         with(&format!(r#"{base},"data":[1,2,]"#)),
         with(&format!(r#"{base},"data":[1 2]"#)),
         with(&format!(r#"{base},"data":[1,2]]"#)),

@@ -266,20 +266,25 @@ fn what_is_not_json_is_refused() {
         "[\"\u{1}\"]",
         "[\"\\x\"]",
         "[1]]",
+        "[-]",
+        "[-, 1]",
+        "[--1]",
+        "[-0x1]",
     ] {
-        let dtype = if raw.contains('"') {
-            DataType::Bytes
-        } else {
-            DataType::F32
+        let dtypes = match raw.contains('"') {
+            true => vec![DataType::Bytes],
+            false => vec![DataType::F32, DataType::I64, DataType::U8],
         };
-        let mut out = TensorData::with_capacity(dtype, 0);
-        let got = read("x", raw.as_bytes(), &mut out, Layout::Count(1));
-        // `[1]]`: the value ends after `[1]`; what follows is the caller's.
-        if raw == "[1]]" {
-            assert_eq!(got.unwrap().end, 3);
-            continue;
+        for dtype in dtypes {
+            let mut out = TensorData::with_capacity(dtype, 0);
+            let got = read("x", raw.as_bytes(), &mut out, Layout::Count(1));
+            // `[1]]`: the value ends after `[1]`; what follows is the caller's.
+            if raw == "[1]]" {
+                assert_eq!(got.unwrap().end, 3);
+                continue;
+            }
+            assert!(got.is_err(), "{raw} as {dtype}: {got:?}");
         }
-        assert!(got.is_err(), "{raw}: {got:?}");
     }
     let deep = format!("{}1{}", "[".repeat(129), "]".repeat(129));
     let mut out = TensorData::with_capacity(DataType::F32, 0);
