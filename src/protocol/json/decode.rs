@@ -134,8 +134,6 @@ struct Cursor {
     n: usize,
     /// Leaves left to `leaf` before `run` is tried again.
     rest: usize,
-    /// With [`Layout::Rectangular`], the shape so far.
-    shape: Option<Shape>,
 }
 
 /// One walk over a value's bytes.
@@ -160,7 +158,7 @@ impl<'a> Walk<'a> {
         leaf: impl Fn(usize, &'a [u8]) -> Result<(S::Item<'a>, usize), Error>,
     ) -> Result<Read, Error> {
         let b = self.b;
-        let (keep, shape) = match self.layout {
+        let (keep, mut shape) = match self.layout {
             Layout::Count(count) => (count, None),
             Layout::Rectangular => (usize::MAX, Some(Shape::default())),
         };
@@ -169,10 +167,9 @@ impl<'a> Walk<'a> {
             depth: 0,
             n: 0,
             rest: 0,
-            shape,
         };
         if b.get(c.i) != Some(&b'[') {
-            if c.shape.is_none() {
+            if shape.is_none() {
                 return Err(self.not_an_array(c.i));
             }
             let (x, len) = leaf(0, &b[c.i..])?;
@@ -192,7 +189,7 @@ impl<'a> Walk<'a> {
             c.i = after_ws(b, c.i);
             match b.get(c.i) {
                 Some(b'[') => {
-                    if self.open(&mut c)? {
+                    if self.open(&mut c, &mut shape)? {
                         continue;
                     }
                 }
@@ -203,7 +200,7 @@ impl<'a> Walk<'a> {
                         let read = run(&b[c.i..], out, keep.saturating_sub(before - base));
                         if read > 0 {
                             // Up to just after a comma: a value follows.
-                            self.leaves(&mut c, out.len() - before)?;
+                            self.leaves(&mut c, &mut shape, out.len() - before)?;
                             c.i += read;
                             continue;
                         }
@@ -214,12 +211,12 @@ impl<'a> Walk<'a> {
                     if c.n < keep {
                         out.push(x);
                     }
-                    self.leaves(&mut c, 1)?;
+                    self.leaves(&mut c, &mut shape, 1)?;
                     c.i += len;
                 }
                 None => return Err(self.malformed("ends inside an array".into())),
             }
-            if let Some(read) = self.after_value(&mut c)? {
+            if let Some(read) = self.after_value(&mut c, &mut shape)? {
                 return Ok(read);
             }
         }
@@ -227,11 +224,12 @@ impl<'a> Walk<'a> {
 
     /// An array opens at the cursor; false when it is empty (`[]`: the
     /// cursor is then at its `]`).
-    fn open(&self, c: &mut Cursor) -> Result<bool, Error> {
+    #[inline(always)]
+    fn open(&self, c: &mut Cursor, shape: &mut Option<Shape>) -> Result<bool, Error> {
         if c.depth == MAX_DEPTH {
             return Err(self.malformed(format!("nests deeper than {MAX_DEPTH} arrays")));
         }
-        if let Some(s) = &mut c.shape {
+        if let Some(s) = shape {
             s.open(c.depth).map_err(|()| self.ragged())?;
         }
         c.depth += 1;
@@ -241,8 +239,8 @@ impl<'a> Walk<'a> {
 
     /// `k` leaves were read at the cursor's depth.
     #[inline(always)]
-    fn leaves(&self, c: &mut Cursor, k: usize) -> Result<(), Error> {
-        if let Some(s) = &mut c.shape {
+    fn leaves(&self, c: &mut Cursor, shape: &mut Option<Shape>, k: usize) -> Result<(), Error> {
+        if let Some(s) = shape {
             s.leaves(c.depth, k).map_err(|()| self.ragged())?;
         }
         c.n += k;
@@ -252,18 +250,18 @@ impl<'a> Walk<'a> {
     /// After a value (or an empty array's `[`): `,` (the cursor moves past
     /// it, to the next value) or `]`s; the value read when the last closes.
     #[inline(always)]
-    fn after_value(&self, c: &mut Cursor) -> Result<Option<Read>, Error> {
+    fn after_value(&self, c: &mut Cursor, shape: &mut Option<Shape>) -> Result<Option<Read>, Error> {
         loop {
             c.i = after_ws(self.b, c.i);
             match self.b.get(c.i) {
                 Some(b']') => {
                     c.i += 1;
                     c.depth -= 1;
-                    if let Some(s) = &mut c.shape {
+                    if let Some(s) = shape {
                         s.close(c.depth).map_err(|()| self.ragged())?;
                     }
                     if c.depth == 0 {
-                        let shape = c.shape.take().map(Shape::dims).unwrap_or_default();
+                        let shape = shape.take().map(Shape::dims).unwrap_or_default();
                         return Ok(Some(Read {
                             leaves: c.n,
                             shape,
