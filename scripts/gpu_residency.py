@@ -19,13 +19,14 @@ Writes OUT/gpu-residency.md and prints it. Python stdlib and numpy, onnx.
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import urllib.request
+
+import sluice_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRIVER = os.path.join(ROOT, "tests", "clients", "residency.py")
@@ -41,21 +42,11 @@ def smi_used():
 
 
 def serve(args, repo, env, log):
-    env = dict(os.environ, RUST_LOG="info,sluice::repository::resident=debug", **env)
-    cmd = [args.sluice, "serve", "--model-repository", repo, "--http-port", str(HTTP), "--grpc-port", str(GRPC),
-           "--host", "127.0.0.1", "--onnxruntime-library", args.ort]
-    p = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
-    for _ in range(6000):
-        try:
-            if urllib.request.urlopen(f"{URL}/v2/health/ready", timeout=2).status == 200:
-                return p
-        except OSError:
-            pass
-        if p.poll() is not None:
-            sys.exit(f"sluice exited with {p.returncode}")
-        time.sleep(0.1)
-    p.kill()
-    sys.exit("sluice did not become ready in 600 s")
+    """sluice on `repo` with the ONNX Runtime library of the command line."""
+    ort = os.path.abspath(args.ort)
+    env = {"RUST_LOG": "info,sluice::repository::resident=debug", "ORT_DYLIB_PATH": ort, **env}
+    return sluice_server.serve(args.sluice, repo, HTTP, GRPC, env=env, log=log, seconds=600,
+                               args=["--host", "127.0.0.1", "--onnxruntime-library", ort])
 
 
 def index():

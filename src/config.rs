@@ -59,7 +59,7 @@ pub struct LogConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
-    /// `2026-11-23T10:00:00Z  INFO sluice::repository::load: model ready model=digits ...`
+    /// `<UTC timestamp>  INFO sluice::repository::load: model ready model=digits ...`
     #[default]
     Text,
     /// `{"timestamp": ..., "level": "INFO", "target": ..., "message": ..., "model": ...}`

@@ -112,15 +112,6 @@ fn elements(r: &mut Reader<'_>, dtype: DataType, count: usize) -> Option<TensorD
     (read.leaves == count).then_some(data)
 }
 
-/// The index of the first byte at or after `i` that is not JSON whitespace.
-#[inline(always)]
-fn after_ws(b: &[u8], mut i: usize) -> usize {
-    while matches!(b.get(i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
-        i += 1;
-    }
-    i
-}
-
 /// A cursor over the body.
 struct Reader<'a> {
     b: &'a [u8],
@@ -131,7 +122,7 @@ impl<'a> Reader<'a> {
     /// Skips JSON whitespace.
     #[inline(always)]
     fn ws(&mut self) {
-        self.i = after_ws(self.b, self.i);
+        self.i = json::after_ws(self.b, self.i);
     }
 
     /// Skips whitespace, then takes `c`.

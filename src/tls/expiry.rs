@@ -22,7 +22,7 @@ mod tests {
     #[test]
     fn the_not_after_of_real_certificates() {
         // UTCTime (before 2050) and GeneralizedTime (from 2050); the
-        // expected seconds are `date -ud 2031-07-15 +%s` and the like.
+        // expected seconds are what `date -ud <that day> +%s` prints.
         assert_eq!(not_after(&cert_expiring(2031, 7, 15)), Some(1_941_840_000));
         assert_eq!(not_after(&cert_expiring(2061, 2, 28)), Some(2_876_774_400));
     }

@@ -12,13 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher};
-
-use crate::watch;
 use rustls::sign::CertifiedKey;
 use tokio::sync::mpsc;
 
 use super::{certified_key, published_expiry, CertStore, Pem};
 use crate::config::TlsFiles;
+use crate::watch;
 
 /// Quiet that ends a burst of file events (a writer replacing both files).
 const DEBOUNCE: Duration = Duration::from_millis(200);

@@ -6,7 +6,7 @@
 
 use std::borrow::Cow;
 
-use super::element::{token_len, Elements};
+use super::element::{show_token, Elements};
 use super::f32_run;
 use crate::error::Error;
 use crate::tensor::{Strings, TensorData};
@@ -117,7 +117,7 @@ fn no_run<S>(_: &[u8], _: &mut S, _: usize) -> usize {
 
 /// The index of the first byte at or after `i` that is not JSON whitespace.
 #[inline(always)]
-fn after_ws(b: &[u8], mut i: usize) -> usize {
+pub(crate) fn after_ws(b: &[u8], mut i: usize) -> usize {
     while matches!(b.get(i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
         i += 1;
     }
@@ -282,8 +282,7 @@ impl<'a> Walk<'a> {
     }
 
     fn show(&self, i: usize) -> String {
-        let tail = &self.b[i.min(self.b.len())..];
-        super::show(&String::from_utf8_lossy(&tail[..token_len(tail)]))
+        show_token(&self.b[i.min(self.b.len())..])
     }
 
     fn noun(&self) -> &'static str {

@@ -187,7 +187,7 @@ impl Elements<'_> {
 }
 
 /// The token at the front of `b` for an error message, cut short when long.
-fn show_token(b: &[u8]) -> String {
+pub(super) fn show_token(b: &[u8]) -> String {
     super::show(&String::from_utf8_lossy(&b[..token_len(b)]))
 }
 

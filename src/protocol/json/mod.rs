@@ -15,7 +15,7 @@ mod element;
 mod encode;
 mod f32_run;
 
-pub(crate) use decode::{read, Layout};
+pub(crate) use decode::{after_ws, read, Layout};
 pub(crate) use element::number;
 pub(crate) use encode::{JsonElement, JsonElements};
 
