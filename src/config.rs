@@ -203,6 +203,32 @@ impl<P: figment::Provider> figment::Provider for ExponentFloats<P> {
 /// a protobuf message cannot be larger).
 pub const MAX_MESSAGE_BYTES: usize = 4 << 30;
 
+/// The `SLUICE_*` environment variables that cannot be configuration and
+/// are left alone: every configuration key is in a section
+/// (`SLUICE_HTTP__PORT`), so one without a double underscore (other than
+/// the MLServer-style `SLUICE_MODEL_MAX_BATCH_SIZE` / `_TIME`) belongs to
+/// someone else. Kubernetes writes `SLUICE_SERVICE_HOST`,
+/// `SLUICE_SERVICE_PORT*` and `SLUICE_PORT*` into every pod of a namespace
+/// with a Service named `sluice`; a test harness may export `SLUICE_BIN`.
+/// A misspelt key in a section (`SLUICE_HTTP__PROT`) is still refused.
+pub fn ignored_env(vars: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut ignored: Vec<String> = vars
+        .into_iter()
+        .filter(|k| {
+            k.len() > "SLUICE_".len()
+                && k.get(.."SLUICE_".len())
+                    .is_some_and(|p| p.eq_ignore_ascii_case("SLUICE_"))
+                && !k.contains("__")
+                && !matches!(
+                    k.to_ascii_uppercase().as_str(),
+                    "SLUICE_MODEL_MAX_BATCH_SIZE" | "SLUICE_MODEL_MAX_BATCH_TIME"
+                )
+        })
+        .collect();
+    ignored.sort();
+    ignored
+}
+
 impl Config {
     /// Layers defaults, the config file, `SLUICE_*` variables and CLI flags.
     ///
@@ -219,9 +245,11 @@ impl Config {
         }
         fig = fig
             // Nested keys with a double underscore: SLUICE_HTTP__PORT=9000.
+            // Every key is in a section, so a variable without one is not
+            // configuration (see [`ignored_env`]).
             .merge(ExponentFloats(
                 Env::prefixed("SLUICE_")
-                    .ignore(&["MODEL_MAX_BATCH_SIZE", "MODEL_MAX_BATCH_TIME"])
+                    .filter(|k| k.as_str().contains("__"))
                     .split("__"),
             ))
             // MLServer-style global overrides (MLSERVER_MODEL_MAX_BATCH_SIZE there).
@@ -484,6 +512,42 @@ mod tests {
             let cfg = Config::load(None, &CliOverrides::default()).map_err(|e| e.to_string())?;
             assert_eq!(cfg.http.body_read_timeout_seconds, 10.0);
             assert_eq!(cfg.shutdown.grace_period_seconds, 0.25);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn kubernetes_service_links_are_not_configuration_and_a_misspelt_key_still_is() {
+        Jail::expect_with(|jail| {
+            // What Kubernetes writes for a Service named `sluice` (service.yaml's ports).
+            let links = [
+                ("SLUICE_SERVICE_HOST", "10.96.0.12"),
+                ("SLUICE_SERVICE_PORT", "8080"),
+                ("SLUICE_SERVICE_PORT_HTTP", "8080"),
+                ("SLUICE_SERVICE_PORT_GRPC", "8081"),
+                ("SLUICE_PORT", "tcp://10.96.0.12:8080"),
+                ("SLUICE_PORT_8080_TCP", "tcp://10.96.0.12:8080"),
+                ("SLUICE_PORT_8080_TCP_PROTO", "tcp"),
+                ("SLUICE_PORT_8080_TCP_PORT", "8080"),
+                ("SLUICE_PORT_8080_TCP_ADDR", "10.96.0.12"),
+                ("SLUICE_BIN", "/usr/local/bin/sluice"),
+            ];
+            for (k, v) in links {
+                jail.set_env(k, v);
+            }
+            jail.set_env("SLUICE_HTTP__PORT", "9100");
+            jail.set_env("SLUICE_MODEL_MAX_BATCH_SIZE", "16");
+            let cfg = Config::load(None, &CliOverrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(cfg.http.port, 9100);
+            assert_eq!(cfg.model_defaults.max_batch_size, 16);
+            let ignored = ignored_env(std::env::vars().map(|(k, _)| k));
+            let mut expected: Vec<String> = links.iter().map(|(k, _)| k.to_string()).collect();
+            expected.sort();
+            assert_eq!(ignored, expected);
+            // A key in a section that does not exist is still refused, naming it.
+            jail.set_env("SLUICE_HTTP__PROT", "9000");
+            let err = Config::load(None, &CliOverrides::default()).unwrap_err();
+            assert!(err.contains("prot"), "{err}");
             Ok(())
         });
     }

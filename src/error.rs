@@ -35,7 +35,7 @@ pub enum Error {
     },
     /// At its arrival, the work ahead of the request was predicted to take
     /// it past its deadline (`refuse_predicted_late`); retry after `retry_after`.
-    #[error("model `{model}` cannot answer in time: with the requests ahead of it, this one is predicted to take {predicted:?}, past its timeout of {timeout:?}; retry later, or raise `timeout`")]
+    #[error("model `{model}` cannot answer in time: with the requests ahead of it, this one is predicted to take {}, past its timeout of {}; retry later, or raise `timeout`", Secs(*predicted), Secs(*timeout))]
     PredictedLate {
         model: String,
         predicted: Duration,
@@ -43,7 +43,7 @@ pub enum Error {
         retry_after: Duration,
     },
     /// The request's deadline (`timeout`) passed before it was answered.
-    #[error("model `{model}`: request did not complete within its timeout of {timeout:?}")]
+    #[error("model `{model}`: request did not complete within its timeout of {}", Secs(*timeout))]
     DeadlineExceeded { model: String, timeout: Duration },
     /// ONNX Runtime failed while running the model.
     #[error("model `{model}`: inference failed: {message}")]
@@ -169,4 +169,45 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+/// A duration as people read it in a message, to the microsecond: "50ms",
+/// "3.24s"; a prediction that saturated reads "unbounded", not `u64::MAX`
+/// seconds.
+pub struct Secs(pub Duration);
+
+impl std::fmt::Display for Secs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0 >= Duration::from_secs(365 * 24 * 3600) {
+            return f.write_str("unbounded");
+        }
+        let us = self.0.as_micros();
+        let (value, unit) = match us {
+            0..1_000 => return write!(f, "{us}µs"),
+            1_000..1_000_000 => (us as f64 / 1e3, "ms"),
+            _ => (us as f64 / 1e6, "s"),
+        };
+        let text = format!("{value:.3}");
+        write!(f, "{}{unit}", text.trim_end_matches('0').trim_end_matches('.'))
+    }
+}
+
+#[cfg(test)]
+mod secs_tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        let cases = [
+            (Duration::from_millis(50), "50ms"),
+            (Duration::from_micros(81_250), "81.25ms"),
+            (Duration::from_millis(3240), "3.24s"),
+            (Duration::from_secs(60), "60s"),
+            (Duration::from_nanos(1500), "1µs"),
+            (Duration::MAX, "unbounded"),
+        ];
+        for (d, text) in cases {
+            assert_eq!(Secs(d).to_string(), text);
+        }
+    }
 }

@@ -201,6 +201,14 @@ fn load_config(
         None => (None, None),
     };
     init_logging(cfg.log.format, layer);
+    let ignored = sluice::config::ignored_env(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()));
+    if !ignored.is_empty() {
+        tracing::info!(
+            variables = %ignored.join(", "),
+            "SLUICE_* variables without a section (SLUICE_<SECTION>__<KEY>) are not configuration; ignored \
+             (Kubernetes writes SLUICE_SERVICE_* and SLUICE_PORT* for a Service named sluice)"
+        );
+    }
     if let Some(e) = &export {
         for w in &e.warnings {
             tracing::warn!("{w}");

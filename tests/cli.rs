@@ -260,8 +260,18 @@ async fn serve_on_port_0_logs_the_port_serves_and_exits_0_on_sigterm() {
     let mut cmd = sluice();
     // MLServer-style global default: applies where model-settings.json is silent.
     cmd.env("SLUICE_MODEL_MAX_BATCH_SIZE", "4");
+    // What Kubernetes writes into a pod for a Service named `sluice`: not
+    // configuration, named once in the log, never a reason to stop.
+    cmd.env("SLUICE_SERVICE_HOST", "10.96.0.12")
+        .env("SLUICE_SERVICE_PORT", "8080")
+        .env("SLUICE_PORT", "tcp://10.96.0.12:8080")
+        .env("SLUICE_PORT_8080_TCP_ADDR", "10.96.0.12");
     let args = ["--model-repository".as_ref(), repo.path().as_os_str()];
     let (mut child, mut log, port) = spawn_serve(cmd, &args);
+    log.wait_for(
+        &["are not configuration", "SLUICE_PORT, SLUICE_PORT_8080_TCP_ADDR, SLUICE_SERVICE_HOST"],
+        Duration::from_secs(5),
+    );
 
     let client = reqwest::Client::new();
     let url = |p: &str| format!("http://127.0.0.1:{port}{p}");

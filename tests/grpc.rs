@@ -196,6 +196,18 @@ async fn errors_carry_the_right_status_and_name_the_problem() {
     let e = c.model_infer(shm).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
     assert!(e.message().contains("shared-memory extension"), "{}", e.message());
+    // A schedule parameter of the wrong type is named as the client sent it, not as Rust prints it.
+    let mut bad = infer_request("mlp", "input", &[1, 784], &[0.0; 784]);
+    let one = InferParameter {
+        parameter_choice: Some(infer_parameter::ParameterChoice::StringParam("1".into())),
+    };
+    bad.parameters.insert("priority".into(), one);
+    let e = c.model_infer(bad).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert_eq!(
+        e.message(),
+        "request: parameter `priority` must be a non-negative integer, got the string \"1\""
+    );
     s.stop().await.unwrap();
 }
 

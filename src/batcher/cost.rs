@@ -53,6 +53,17 @@ impl Fit {
         (self.fixed, self.per_unit)
     }
 
+    /// Predicted run time of `runs` batches that hold `units` in all.
+    pub fn predict_runs(&self, runs: usize, units: usize) -> Duration {
+        let (runs, n) = (runs.max(1) as f64, units.max(1) as f64);
+        let secs = match self.only_size {
+            // Each run as much as that size, or proportionally more.
+            Some(size) => self.fixed * runs.max(n / size),
+            None => self.fixed * runs + self.per_unit * n,
+        };
+        Duration::from_secs_f64(secs.max(0.0))
+    }
+
     /// Predicted run time of a batch of `units`.
     pub fn predict(&self, units: usize) -> Duration {
         let n = units.max(1) as f64;

@@ -13,11 +13,12 @@
 //! (`padding.rs` says how, `queue/select.rs` which requests).
 //!
 //! `cost.rs` fits what a batch costs by its size from the runs; the policy
-//! weighs waits with it, and `admission.rs` refuses at once a request
-//! predicted to miss its deadline.
+//! weighs waits with it. `deadline.rs` is the deadline and priority rule:
+//! when a lower level is promoted, and which requests are refused at once,
+//! predicted to miss their deadline.
 
-mod admission;
 pub mod cost;
+mod deadline;
 pub mod layout;
 pub mod padding;
 mod policy;

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::cost::{CostModel, Fit};
+use super::deadline;
 use super::layout::Layout;
 use super::padding::Padding;
 use crate::error::Error;
@@ -47,10 +48,9 @@ pub struct Entry {
     pub deadline: Instant,
     /// Its priority level: the queue keeps entries by level, then arrival;
     /// 1 is the highest, 0 when the model has no priority levels. An entry
-    /// whose deadline is within three typical batch runs (before the cost is
-    /// known: that has waited half its time to its deadline) moves to the
-    /// highest level (see [`State::remove_dead`]): a low level waits behind
-    /// higher ones only while it can still make its deadline.
+    /// near its deadline moves to the highest level (when: `deadline.rs`,
+    /// see [`State::remove_dead`]): a low level waits behind higher ones
+    /// only while it can still make its deadline.
     pub level: u32,
     /// The submitting request awaits here; closed when the client went away.
     pub reply: oneshot::Sender<EntryResult>,
@@ -142,14 +142,9 @@ impl Entry {
         self
     }
 
-    /// Whether it moves to the highest level now: its deadline is within
-    /// `horizon`, or with no horizon it has waited half its time to it.
+    /// Whether it moves to the highest level now (`deadline.rs`).
     fn due_for_promotion(&self, now: Instant, horizon: Option<Duration>) -> bool {
-        self.level > 1
-            && match horizon {
-                Some(h) => now + h >= self.deadline,
-                None => now >= self.arrival + (self.deadline - self.arrival) / 2,
-            }
+        deadline::due_for_promotion(self.level, (self.arrival, self.deadline), now, horizon)
     }
 
     /// Padded elements per row: the product of its lengths (1 without padding).
@@ -235,9 +230,9 @@ pub struct State {
     cost: CostModel,
     /// Exponentially weighted mean size ([`Entry::units`]) of an arriving entry.
     mean_units: f64,
-    /// Units waiting, by level (index = [`Entry::level`]): what a new
-    /// entry of a level has ahead of it, without walking the queue.
-    units_by_level: Vec<usize>,
+    /// Units and entries waiting, by level (index = [`Entry::level`]): what
+    /// a new entry of a level has ahead of it, without walking the queue.
+    units_by_level: Vec<(usize, usize)>,
     /// Units arrived, by level, exponentially weighted (each arrival
     /// weighs the past by 1 − SIZE_WEIGHT / 8): each level's share of the arrivals.
     arrived_by_level: Vec<f64>,
@@ -359,13 +354,31 @@ impl State {
     /// Units waiting at `level` or higher (lower numbers): what an entry
     /// of that level, queued now, would wait behind.
     pub fn units_ahead(&self, level: u32) -> usize {
+        self.ahead(level).0
+    }
+
+    /// Units and entries waiting at `level` or higher.
+    pub fn ahead(&self, level: u32) -> (usize, usize) {
         let upto = (level as usize + 1).min(self.units_by_level.len());
-        self.units_by_level[..upto].iter().sum()
+        self.units_by_level[..upto]
+            .iter()
+            .fold((0, 0), |(u, n), &(lu, ln)| (u + lu, n + ln))
     }
 
     /// Units waiting, of every level.
     pub fn units(&self) -> usize {
-        self.units_by_level.iter().sum()
+        self.ahead(u32::MAX).0
+    }
+
+    /// Entries waiting, of every level, and their units.
+    pub fn entries_and_units(&self) -> (usize, usize) {
+        let (u, n) = self.ahead(u32::MAX);
+        (n, u)
+    }
+
+    /// The typical batch run (`None` until the cost is known).
+    pub fn typical(&self) -> Option<Duration> {
+        self.cost.typical()
     }
 
     /// Padded tokens a row of the head entry, whose batch forms next (1
@@ -378,22 +391,26 @@ impl State {
     fn count(&mut self, level: u32, units: usize, add: bool) {
         let l = level as usize;
         if self.units_by_level.len() <= l {
-            self.units_by_level.resize(l + 1, 0);
+            self.units_by_level.resize(l + 1, (0, 0));
         }
-        let n = &mut self.units_by_level[l];
-        *n = if add { *n + units } else { n.saturating_sub(units) };
+        let (u, n) = &mut self.units_by_level[l];
+        (*u, *n) = match add {
+            true => (*u + units, *n + 1),
+            false => (u.saturating_sub(units), n.saturating_sub(1)),
+        };
     }
 
     /// Counts the units by level again, after entries left or moved.
     fn recount(&mut self) {
         let by_level = &mut self.units_by_level;
-        by_level.iter_mut().for_each(|n| *n = 0);
+        by_level.iter_mut().for_each(|n| *n = (0, 0));
         for e in &self.entries {
             let l = e.level as usize;
             if by_level.len() <= l {
-                by_level.resize(l + 1, 0);
+                by_level.resize(l + 1, (0, 0));
             }
-            by_level[l] += e.units();
+            by_level[l].0 += e.units();
+            by_level[l].1 += 1;
         }
     }
 
@@ -452,8 +469,7 @@ impl State {
         if self.entries.iter().all(|e| e.level <= 1) {
             return;
         }
-        // The batch running, one formed ahead of it, then its own.
-        let horizon = self.cost.typical().map(|t| t * 3);
+        let horizon = deadline::promotion_horizon(self.cost.typical());
         if !self.entries.iter().any(|e| e.due_for_promotion(now, horizon)) {
             return;
         }

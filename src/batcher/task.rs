@@ -3,8 +3,8 @@
 //! the pool (on a task of its own unless the batch ran inline at once). It
 //! exits once every [`Batcher`] handle is gone and the queue has drained
 //! (every accepted request has run; batch tasks send the last answers).
-//! Each request that arrives is first weighed for its deadline
-//! (`admission.rs`); `run.rs` runs a formed batch and answers its entries.
+//! Each request that arrives is first weighed for its deadline (the rule
+//! is `deadline.rs`'s); `run.rs` runs a formed batch and answers its entries.
 //!
 //! [`Batcher`]: super::Batcher
 
@@ -18,7 +18,7 @@ mod run;
 
 use run::{longest, run_batch};
 
-use super::admission::{predicted_finish, Ahead};
+use super::deadline::{self, Ahead, Verdict};
 use super::layout::Batching;
 use super::padding::Padding;
 use super::policy::{decide, Capacity, Decision, Trigger};
@@ -328,15 +328,17 @@ fn publish_outlook(shared: &Shared, state: &State, settings: &BatchSettings, in_
     let Some(fit) = state.cost() else {
         return;
     };
+    let (entries, units) = state.entries_and_units();
     let ahead = Ahead {
         in_flight,
-        queued: state.units(),
+        queued: units,
+        entries,
         own: 0,
         max_batch: Limits::of(settings).max_units(state.head_tokens_per_row()),
         sessions: shared.workers.instances(),
         arriving_above: 0.0,
     };
-    let (_, wait) = predicted_finish(&fit, &ahead);
+    let wait = deadline::predict(&fit, &ahead).ahead;
     shared.metrics.cost(fit.terms(), wait);
     shared.stats.cost(&fit, wait);
 }
@@ -384,47 +386,37 @@ fn receive(shared: &Shared, to: &mut Queue<'_>, msg: Msg) -> bool {
     false
 }
 
-/// The entry, unless the work ahead of it is predicted to take it past its
-/// deadline (`admission.rs`): then it is answered 503 and counted as
-/// dropped (`predicted_late`). Admitted while the model's cost is unknown,
-/// or with `refuse_predicted_late` off.
+/// The entry, unless it is predicted to miss its deadline (the rule:
+/// `deadline.rs`): then it is answered 503 and counted as dropped
+/// (`predicted_late`). Admitted while the model's cost is unknown, or with
+/// `refuse_predicted_late` off.
 fn admit(shared: &Shared, to: &Queue<'_>, e: Entry) -> Option<Entry> {
     let fit = to.state.cost().filter(|_| to.settings.refuse_predicted_late);
-    let Some(fit) = fit else {
+    let (Some(fit), Some(typical)) = (fit, to.state.typical()) else {
         return Some(e);
     };
+    let (queued, entries) = to.state.ahead(e.level);
     let ahead = Ahead {
         in_flight: to.in_flight,
-        queued: to.state.units_ahead(e.level),
+        queued,
+        entries,
         own: e.units(),
         max_batch: Limits::of(to.settings).max_units(e.tokens_per_row()),
         sessions: shared.workers.instances(),
         arriving_above: to.state.arriving_above(e.level),
     };
-    let (finish, wait) = predicted_finish(&fit, &ahead);
-    // Under overload every admitted request is one whose prediction just
-    // fits: a margin of one batch keeps an error of one batch in the
-    // prediction from being a 504. A request that higher levels can jump
-    // keeps the three batches before its deadline at which it would be
-    // promoted over them (`queue.rs`): admitted, it should not need to be.
-    // Never more than the wait ahead: an idle model admits whatever its own
-    // run allows.
-    let batches = if ahead.arriving_above > 0.0 { 3 } else { 1 };
-    let margin = (fit.predict(ahead.max_batch) * batches).min(wait);
-    if to
-        .now
-        .checked_add(finish.saturating_add(margin))
-        .is_some_and(|f| f <= e.deadline)
-    {
+    let to_deadline = e.deadline.saturating_duration_since(to.now);
+    let Verdict::Refuse { predicted, retry_after } = deadline::verdict(&fit, &ahead, e.level, to_deadline, typical)
+    else {
         return Some(e);
-    }
+    };
     leave_queue(shared, &e);
     metrics::dropped(&shared.model, "predicted_late");
     let _ = e.reply.send(Err(Error::PredictedLate {
         model: shared.model.to_string(),
-        predicted: to.now.saturating_duration_since(e.arrival).saturating_add(finish),
+        predicted: to.now.saturating_duration_since(e.arrival).saturating_add(predicted),
         timeout: e.deadline.saturating_duration_since(e.arrival),
-        retry_after: wait,
+        retry_after,
     }));
     None
 }

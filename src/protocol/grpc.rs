@@ -82,7 +82,9 @@ fn int_param(params: &HashMap<String, InferParameter>, key: &str) -> Option<Resu
     Some(match choice {
         Some(ParameterChoice::Int64Param(v)) => u64::try_from(*v).map_err(|_| v.to_string()),
         Some(ParameterChoice::Uint64Param(v)) => Ok(*v),
-        Some(other) => Err(format!("{other:?}")),
+        Some(ParameterChoice::BoolParam(b)) => Err(format!("the bool {b}")),
+        Some(ParameterChoice::StringParam(s)) => Err(format!("the string \"{s}\"")),
+        Some(ParameterChoice::DoubleParam(d)) => Err(format!("the double {d}")),
         None => Err("no value".into()),
     })
 }

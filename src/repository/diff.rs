@@ -2,24 +2,58 @@
 //! needs (Triton's `ConfigChangeRequiresReload`; vector's config diff). Pure:
 //! the repository task feeds it what it saw before and what it sees now.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use super::files;
 use crate::settings::ModelSettings;
 
-/// Identity of the ONNX file: its length and a digest of its content, plus
-/// the metadata it had when the digest was taken. Two stamps are equal when
-/// the content is, so a file rewritten with the same bytes (a Kubernetes
-/// ConfigMap update rewrites every file of the map) is no change, while an
-/// in-place write or a replace-by-rename with new bytes is.
+/// Identity of a model's files: the ONNX file and every other file of its
+/// folder (external data such as `weights.bin`, which a graph names by
+/// path, so retrained weights beside a byte-identical `model.onnx` are a
+/// new model), by their total length and a digest of their content, plus
+/// the metadata each had when the digest was taken. Two stamps are equal
+/// when the content is, so a file rewritten with the same bytes (a
+/// Kubernetes ConfigMap update rewrites every file of the map) is no
+/// change, while an in-place write or a replace-by-rename with new bytes
+/// is. The settings file and hidden entries (an editor's swap file, a
+/// ConfigMap's `..data` folder, whose files are reached through their
+/// links) are not part of it.
 #[derive(Debug, Clone)]
 pub struct FileStamp {
-    /// Size in bytes.
+    /// Size in bytes of all the files.
     pub len: u64,
     digest: u64,
+    /// Each file's metadata, the ONNX file first, then by path.
+    files: Vec<FileMeta>,
+}
+
+/// What a file's metadata says of it: a change in any of these re-reads it,
+/// and, for a model whose load failed, tries the load again (a permission
+/// restored changes only `mode` and `changed`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileMeta {
+    path: PathBuf,
+    len: u64,
     modified: Option<SystemTime>,
     inode: u64,
+    mode: u32,
+    /// The inode's change time, in nanoseconds.
+    changed: i128,
+}
+
+impl FileMeta {
+    fn of(path: &Path, m: &std::fs::Metadata) -> FileMeta {
+        use std::os::unix::fs::MetadataExt;
+        FileMeta {
+            path: path.to_path_buf(),
+            len: m.len(),
+            modified: m.modified().ok(),
+            inode: m.ino(),
+            mode: m.mode(),
+            changed: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+        }
+    }
 }
 
 impl PartialEq for FileStamp {
@@ -29,34 +63,87 @@ impl PartialEq for FileStamp {
 }
 impl Eq for FileStamp {}
 
+/// Most files of a model folder that are stamped, and how deep its
+/// sub-folders are walked: beyond them a folder is not a model's.
+const MAX_FILES: usize = 256;
+const MAX_DEPTH: usize = 4;
+
 impl FileStamp {
-    /// Stamps `path` (following symlinks, as a ConfigMap's `..data` link
-    /// must be followed); the error names the file and says why it cannot
-    /// be used (missing, not a regular file, unreadable). The content is
-    /// only read when the metadata differs from `previous` (the last stamp).
+    /// Stamps the ONNX file `model` and the other files of its `folder`
+    /// (following symlinks, as a ConfigMap's `..data` link must be
+    /// followed); the error names the file and says why it cannot be used
+    /// (missing, not a regular file, unreadable). The content is only read
+    /// when some file's metadata differs from `previous` (the last stamp).
     /// Blocking: the repository calls it from `spawn_blocking`.
-    pub fn of(path: &Path, previous: Option<&FileStamp>) -> Result<FileStamp, String> {
-        let why = |e: std::io::Error| format!("{}: {e}", path.display());
-        let m = std::fs::metadata(path).map_err(why)?;
-        if let Some(p) = previous.filter(|p| m.file_type().is_file() && p.same_metadata(&m)) {
+    pub fn of(model: &Path, folder: &Path, previous: Option<&FileStamp>) -> Result<FileStamp, String> {
+        let why = |path: &Path, e: std::io::Error| format!("{}: {e}", path.display());
+        let mut paths = vec![model.to_path_buf()];
+        folder_files(folder, 0, model, &mut paths);
+        let mut files = Vec::with_capacity(paths.len());
+        for path in &paths {
+            let m = std::fs::metadata(path).map_err(|e| why(path, e))?;
+            files.push(FileMeta::of(path, &m));
+        }
+        if let Some(p) = previous.filter(|p| p.files == files) {
             return Ok(p.clone());
         }
-        let (m, digest) = files::digest(path).map_err(why)?;
+        use std::hash::Hasher;
+        let mut h = std::hash::DefaultHasher::new();
+        let mut files = Vec::with_capacity(paths.len());
+        let mut len = 0u64;
+        for path in &paths {
+            let (m, digest) = files::digest(path).map_err(|e| why(path, e))?;
+            h.write(path.strip_prefix(folder).unwrap_or(path).as_os_str().as_encoded_bytes());
+            h.write_u64(digest);
+            len += m.len();
+            files.push(FileMeta::of(path, &m));
+        }
         Ok(FileStamp {
-            len: m.len(),
-            digest,
-            modified: m.modified().ok(),
-            inode: inode(&m),
+            len,
+            digest: h.finish(),
+            files,
         })
     }
 
-    fn same_metadata(&self, m: &std::fs::Metadata) -> bool {
-        (self.len, self.modified, self.inode) == (m.len(), m.modified().ok(), inode(m))
+    /// Whether some file's metadata differs from `other`'s (content equal
+    /// or not): a reason to try again a load that failed.
+    pub fn touched_since(&self, other: &FileStamp) -> bool {
+        self.files != other.files
     }
 }
 
-fn inode(m: &std::fs::Metadata) -> u64 {
-    std::os::unix::fs::MetadataExt::ino(m)
+/// The regular files under `dir` but `model` and the settings file, by
+/// path, skipping hidden entries (see [`FileStamp`]); at most [`MAX_FILES`].
+fn folder_files(dir: &Path, depth: usize, model: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut found: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| !e.file_name().as_encoded_bytes().starts_with(b"."))
+        .map(|e| e.path())
+        .collect();
+    found.sort();
+    for path in found {
+        if out.len() >= MAX_FILES {
+            return;
+        }
+        let Ok(own) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if own.is_dir() {
+            // A symlinked folder is not entered: a link loop cannot trap the walk.
+            if depth < MAX_DEPTH {
+                folder_files(&path, depth + 1, model, out);
+            }
+            continue;
+        }
+        let settings = depth == 0 && path.file_name().is_some_and(|n| n == super::scan::SETTINGS_FILE);
+        let regular = std::fs::metadata(&path).is_ok_and(|m| m.is_file());
+        if regular && !settings && path != model {
+            out.push(path);
+        }
+    }
 }
 
 /// What a model folder looked like at one scan.
@@ -121,8 +208,7 @@ mod tests {
             file: Ok(FileStamp {
                 len,
                 digest: len * 31,
-                modified: None,
-                inode: 1,
+                files: Vec::new(),
             }),
         }
     }
@@ -132,13 +218,53 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("model.onnx");
         std::fs::write(&path, b"weights v1").unwrap();
-        let first = FileStamp::of(&path, None).unwrap();
+        let of = |previous: Option<&FileStamp>| FileStamp::of(&path, dir.path(), previous).unwrap();
+        let first = of(None);
         // Replace by rename with identical bytes: new inode, same content.
-        std::fs::write(dir.path().join("tmp"), b"weights v1").unwrap();
-        std::fs::rename(dir.path().join("tmp"), &path).unwrap();
-        assert_eq!(FileStamp::of(&path, Some(&first)).unwrap(), first);
+        std::fs::write(dir.path().join(".tmp"), b"weights v1").unwrap();
+        std::fs::rename(dir.path().join(".tmp"), &path).unwrap();
+        let renamed = of(Some(&first));
+        assert_eq!(renamed, first);
+        assert!(renamed.touched_since(&first), "a new inode is a touch");
         std::fs::write(&path, b"weights v2").unwrap();
-        assert_ne!(FileStamp::of(&path, Some(&first)).unwrap(), first);
+        assert_ne!(of(Some(&first)), first);
+    }
+
+    #[test]
+    fn every_file_of_the_folder_is_the_model_but_its_settings_and_hidden_ones() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.onnx");
+        std::fs::write(&path, b"graph").unwrap();
+        std::fs::write(dir.path().join("weights.bin"), b"weights v1").unwrap();
+        std::fs::write(dir.path().join("model-settings.json"), b"{}").unwrap();
+        let of = |previous: Option<&FileStamp>| FileStamp::of(&path, dir.path(), previous);
+        let first = of(None).unwrap();
+        assert_eq!(first.len, 15);
+        // New external data beside the same graph: a new model.
+        std::fs::write(dir.path().join("weights.bin"), b"weights v2").unwrap();
+        let second = of(Some(&first)).unwrap();
+        assert_ne!(second, first);
+        // Settings and an editor's swap file are not the model's content.
+        std::fs::write(dir.path().join("model-settings.json"), b"{\"max_batch_size\": 4}").unwrap();
+        std::fs::write(dir.path().join(".weights.bin.swp"), b"x").unwrap();
+        assert_eq!(of(Some(&second)).unwrap(), second);
+        // A file that cannot be read is named; once readable, the same
+        // content is the same stamp, touched.
+        let weights = dir.path().join("weights.bin");
+        std::fs::set_permissions(&weights, std::fs::Permissions::from_mode(0o000)).unwrap();
+        let unreadable = of(Some(&second));
+        std::fs::set_permissions(&weights, std::fs::Permissions::from_mode(0o644)).unwrap();
+        // Root reads a file of mode 000: only check the message when refused.
+        if let Err(e) = unreadable {
+            assert!(e.contains("weights.bin"), "{e}");
+        }
+        let back = of(Some(&second)).unwrap();
+        assert_eq!(back, second);
+        assert!(back.touched_since(&second));
+        // External data that goes missing is a file the model lacks.
+        std::fs::rename(&weights, dir.path().join(".gone")).unwrap();
+        assert_ne!(of(Some(&second)).unwrap(), second);
     }
 
     #[test]

@@ -384,7 +384,16 @@ impl Repository {
             return self.add(md, now).await;
         }
         let serving = t.serving.as_ref().map(|(h, f)| (&h.settings, f));
-        let before = if force {
+        // A load that failed is tried again when any of its files is
+        // touched (a permission restored, the same bytes written again, a
+        // file that reappears): its content may be whole now although its
+        // digest is what it was when the load failed.
+        let retry = t.refused.is_some()
+            && match (&t.seen.file, &now.file) {
+                (Ok(seen), Ok(file)) => file.touched_since(seen),
+                (seen, file) => seen.is_err() != file.is_err(),
+            };
+        let before = if force || retry {
             Stamp {
                 settings: Err(String::new()),
                 file: Err(String::new()),
@@ -395,7 +404,9 @@ impl Repository {
         let change = classify(&before, &now, serving);
         let changed = before != now;
         t.seen = now;
-        let resting = t.serving.is_none() && t.cold.is_some();
+        // Not resident, or failed with nothing serving: a change applies as
+        // residency says (loads now, or at its next request).
+        let resting = t.serving.is_none() && (t.cold.is_some() || t.refused.is_some());
         match change {
             Change::Reload(settings) if resting && !force => {
                 t.refused = None;
@@ -410,7 +421,9 @@ impl Repository {
                 }
             }
             Change::None => {}
-            Change::Invalid(reason) => self.failed(&md.folder, LoadError::Files(reason)),
+            Change::Invalid(reason) => {
+                self.failed(&md.folder, LoadError::Files(reason));
+            }
             Change::BatchingOnly(settings) => {
                 let t = self.tracked.get_mut(&md.folder).expect("tracked above");
                 t.refused = None;
@@ -448,7 +461,9 @@ impl Repository {
             },
         );
         match now.settings {
-            Err(reason) => self.failed(&md.folder, LoadError::Files(reason)),
+            Err(reason) => {
+                self.failed(&md.folder, LoadError::Files(reason));
+            }
             Ok(settings) if !self.loads_now(&md.folder, &settings) => self.rest(&md.folder, &settings),
             Ok(settings) => {
                 self.publish(&name, &md.dir, ModelState::Loading, None, None);
@@ -538,7 +553,7 @@ async fn blocking<T: Send + 'static>(
 /// Blocking (reads the file when its metadata changed).
 fn stamp_of(md: &ModelDir, previous: Option<&FileStamp>) -> Stamp {
     let file = match &md.settings {
-        Ok(s) => FileStamp::of(&md.dir.join(&s.uri), previous),
+        Ok(s) => FileStamp::of(&md.dir.join(&s.uri), &md.dir, previous),
         Err(_) => Err(String::new()),
     };
     Stamp {

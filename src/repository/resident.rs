@@ -101,7 +101,12 @@ impl Repository {
             settings: Ok(settings.clone()),
         };
         self.publish(name, &md.dir, ModelState::Loading, None, None);
-        self.load_version(&md, settings).await
+        match self.load_version(&md, settings).await {
+            // A failed load is not the client's mistake: 503, with the
+            // repository-relative reason every later request gets too.
+            Err(Error::InvalidInput(_) | Error::Internal(_)) => self.registry.ready(name, None),
+            other => other,
+        }
     }
 
     /// Evicts what `plan` says must go for the model in `folder` to load,

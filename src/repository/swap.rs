@@ -33,12 +33,7 @@ impl Repository {
         let seen = self.tracked.get(&md.folder).map(|t| t.seen.file.clone());
         let file = match seen.expect("tracked before reload") {
             Ok(file) => file,
-            Err(why) => {
-                let error = LoadError::Files(why);
-                let answer = error.to_error(&name);
-                self.failed(&md.folder, error);
-                return Err(answer);
-            }
+            Err(why) => return Err(self.failed(&md.folder, LoadError::Files(why)).to_error(&name)),
         };
         let fresh = self.tracked.get(&md.folder).is_some_and(|t| t.serving.is_none());
         if fresh {
@@ -84,23 +79,21 @@ impl Repository {
                     }),
                 }
             }
-            Err(reason) => {
-                let answer = reason.to_error(&name);
-                self.failed(&md.folder, reason);
-                Err(answer)
-            }
+            Err(reason) => Err(self.failed(&md.folder, reason).to_error(&name)),
         }
     }
 
     /// A load or change failed: keep the serving version if there is one.
-    pub(super) fn failed(&mut self, folder: &str, error: LoadError) {
+    /// Returns the error as clients see it (paths relative to the
+    /// repository). It loads again when its files change or are touched.
+    pub(super) fn failed(&mut self, folder: &str, error: LoadError) -> LoadError {
         // The log keeps the full paths; what clients see (the index, API
         // answers) names files relative to the repository.
         let reason = error.message().to_string();
         let error = error.map(|m| self.relative(m));
         let shown = error.message().to_string();
         let t = self.tracked.get_mut(folder).expect("tracked before failing");
-        t.refused = Some(error);
+        t.refused = Some(error.clone());
         // It loads again when its files change, not on a request.
         t.cold = None;
         let t = self.tracked.get(folder).expect("tracked before failing");
@@ -113,10 +106,12 @@ impl Repository {
                 self.publish(&name, &dir, ModelState::Ready, Some(handle.clone()), Some(note));
             }
             None => {
-                tracing::error!(model = %name, folder = %dir.display(), error = %reason, "model not loaded");
-                let reason = shown;
+                tracing::error!(model = %name, folder = %dir.display(), error = %reason, "model not loaded; it loads again when its files change");
+                let since = httpdate::fmt_http_date(std::time::SystemTime::now());
+                let reason = format!("failed to load (since {since}): {shown}");
                 self.publish(&name, &dir, ModelState::Unavailable { reason }, None, None);
             }
         }
+        error
     }
 }

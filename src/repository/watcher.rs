@@ -233,9 +233,10 @@ impl Follow {
 #[derive(Debug, PartialEq, Eq)]
 struct EntryStamp {
     path: PathBuf,
-    /// Size, modification time and inode of what the entry leads to
-    /// (following symlinks); `None` for a dangling link.
-    target: Option<(u64, Option<std::time::SystemTime>, u64)>,
+    /// Size, modification time, inode and mode of what the entry leads to
+    /// (following symlinks; a permission restored is a change); `None` for
+    /// a dangling link.
+    target: Option<(u64, Option<std::time::SystemTime>, u64, u32)>,
     /// Where a symlink points (a ConfigMap's `..data` swap changes only this).
     link: Option<PathBuf>,
 }
@@ -253,11 +254,8 @@ fn snapshot(root: &Path) -> Vec<EntryStamp> {
                 continue;
             };
             let target = std::fs::metadata(&path).ok().map(|m| {
-                #[cfg(unix)]
-                let inode = std::os::unix::fs::MetadataExt::ino(&m);
-                #[cfg(not(unix))]
-                let inode = 0;
-                (m.len(), m.modified().ok(), inode)
+                use std::os::unix::fs::MetadataExt;
+                (m.len(), m.modified().ok(), m.ino(), m.mode())
             });
             let link = own
                 .file_type()

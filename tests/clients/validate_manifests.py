@@ -334,6 +334,11 @@ def check_k8s(docs, where, root, write_config=None):
     check(tgps >= grace + sleep,
           f"terminationGracePeriodSeconds {tgps} >= preStop sleep {sleep} + shutdown.grace_period_seconds {grace:g}")
 
+    # Service links: Kubernetes writes SLUICE_SERVICE_* / SLUICE_PORT_* for a
+    # Service named sluice; the pod does without them.
+    check(pspec.get("enableServiceLinks") is False,
+          "the Deployment's pod spec sets enableServiceLinks: false")
+
     # Ports, the model repository, probes.
     http_port = toml.get("http.port", default["http.port"])
     grpc_port = toml.get("grpc.port", default["grpc.port"])
