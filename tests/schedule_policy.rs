@@ -176,10 +176,15 @@ struct Answer {
 
 /// Sends `n` one-row requests to `model` at once; every 200 must be `2x`.
 async fn flood(s: &TestServer, model: &str, n: usize) -> Vec<Answer> {
+    flood_rows(s, model, n, 1).await
+}
+
+/// Sends `n` requests of `rows` rows each to `model` at once; every 200 must be `2x`.
+async fn flood_rows(s: &TestServer, model: &str, n: usize, rows: usize) -> Vec<Answer> {
     let url = s.url(&format!("/v2/models/{model}/infer"));
     let tasks: Vec<_> = (0..n)
         .map(|id| {
-            let rows = vec![vec![id as f64, 0.5, 1.0, 2.0]];
+            let rows: Vec<Vec<f64>> = (0..rows).map(|r| vec![id as f64, r as f64, 1.0, 2.0]).collect();
             let body = v2_body("x", &rows);
             let (client, url) = (s.client.clone(), url.clone());
             tokio::spawn(async move {
@@ -374,5 +379,107 @@ async fn an_overload_keeps_its_throughput_and_latency_flat() {
         sent.iter().all(|(_, st, _)| [200, 503, 504].contains(st)),
         "{what}"
     );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_whole_requests_on_a_model_that_does_not_batch_is_predicted_as_it_runs() {
+    // max_batch_size 1 turns batching off: a request of 64 rows runs once,
+    // whole, in one run of the slow model, not as 64 runs of one row.
+    let r = repo(&[
+        ("slow", "whole", r#"{"max_batch_size": 1, "timeout": 60}"#),
+        ("slow", "tight", r#"{"max_batch_size": 1, "timeout": 0.3}"#),
+    ]);
+    let s = TestServer::start(r.path()).await;
+    for model in ["whole", "tight"] {
+        for _ in 0..3 {
+            let a = flood_rows(&s, model, 1, 64).await;
+            assert!(a.iter().all(|a| a.status == 200), "{}", a[0].error);
+        }
+    }
+    // 40 clients at once, 64 rows each: 40 runs, seconds of work in a minute.
+    let answers = flood_rows(&s, "whole", 40, 64).await;
+    let refused: Vec<&str> = answers.iter().filter(|a| a.status != 200).map(|a| a.error.as_str()).collect();
+    assert!(refused.is_empty(), "{} of 40 not served: {:?}", refused.len(), refused);
+    // Five times what fits in 300 ms is still refused at once.
+    let run = mean_run(&s, "tight").await;
+    let n = ((5.0 * 0.3 / run).ceil() as usize).clamp(24, 400);
+    let answers = flood_rows(&s, "tight", n, 64).await;
+    let refused: Vec<&Answer> = answers.iter().filter(|a| a.status == 503).collect();
+    assert!(
+        refused.len() >= n / 2,
+        "only {} of {n} refused ({} answered; a run takes {run:.4} s)",
+        refused.len(),
+        count(&answers, 200)
+    );
+    for a in &refused {
+        assert!(a.error.contains("predicted to take") && !a.error.contains("18446744073709551615"), "{}", a.error);
+        assert!(a.took < std::time::Duration::from_millis(200), "refused after {:?}", a.took);
+    }
+    s.stop().await.unwrap();
+}
+
+/// Statuses a level-2 client got, sending one-row requests one after
+/// another with a 1 s timeout for `seconds`, while 4 clients keep the
+/// slow model busy with level-1 requests (batches of one: every run
+/// is theirs until the level-2 request is promoted).
+async fn low_beside_high_flood(s: &TestServer, model: &str, seconds: f64) -> Vec<u16> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let url = s.url(&format!("/v2/models/{model}/infer"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let high: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, url, stop) = (s.client.clone(), url.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut body = v2_body("x", &[vec![1.0, 2.0, 3.0, 4.0]]);
+                body["parameters"] = json!({"priority": 1});
+                while !stop.load(Ordering::Relaxed) {
+                    let (status, _, answer) = post(&client, &url, &body).await;
+                    assert_eq!(status, 200, "level 1: {answer}");
+                }
+            })
+        })
+        .collect();
+    // The flood first: the batcher learns its rate and cost.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let mut low = Vec::new();
+    let start = std::time::Instant::now();
+    while start.elapsed().as_secs_f64() < seconds {
+        let rows = vec![vec![7.0, 0.5, 1.0, 2.0]];
+        let mut body = v2_body("x", &rows);
+        body["parameters"] = json!({"priority": 2, "timeout": 1_000_000});
+        let (status, _, answer) = post(&s.client, &url, &body).await;
+        match status {
+            200 => assert_eq!(flat_f64(&answer["outputs"][0]["data"]), doubled(&rows)),
+            503 | 504 => {}
+            other => panic!("level 2: {other} {answer}"),
+        }
+        low.push(status);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in high {
+        t.await.unwrap();
+    }
+    low
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lower_level_beside_a_higher_flood_is_served_in_time_as_often_with_refusal_as_without() {
+    let settings = |refuse: bool| {
+        format!(
+            r#"{{"max_batch_size": 1, "priority_levels": 2, "default_priority": 1, "refuse_predicted_late": {refuse}}}"#
+        )
+    };
+    let r = repo(&[("slow", "on", &settings(true)), ("slow", "off", &settings(false))]);
+    let s = TestServer::start(r.path()).await;
+    let served = |st: &[u16]| st.iter().filter(|&&s| s == 200).count() as f64 / st.len().max(1) as f64;
+    let on = low_beside_high_flood(&s, "on", 8.0).await;
+    let off = low_beside_high_flood(&s, "off", 8.0).await;
+    let what = format!("level 2 with refusal on: {on:?}; off: {off:?}");
+    // Promotion serves it in time without refusal; the prediction must
+    // know that, not refuse what aging would serve.
+    assert!(served(&off) >= 0.5, "{what}");
+    assert!(served(&on) + 0.15 >= served(&off), "{what}");
     s.stop().await.unwrap();
 }
