@@ -19,6 +19,8 @@ Writes:
                              on axis 1 beside a 0-d input, generated dim names
   tests/fixtures/models/strings/
                              BYTES[N] -> the same (the byte budget's BYTES test)
+  tests/fixtures/models/external/
+                             FP32[N,4] -> x . w, w in weights.bin (external data)
   tests/fixtures/models/identity/
                              FP32[N,16] -> the same, for the request-path bench
                              (benches/request_path.rs): per-request cost, no compute
@@ -689,6 +691,42 @@ def make_strings() -> None:
     print(f"strings: {rel(path)} ({path.stat().st_size} B) {describe(sess)}")
 
 
+# The weights of `external`: y = x . w, w in weights.bin (model.onnx names the file).
+EXTERNAL_W = np.array([1, 2, 3, 4], np.float32)
+EXTERNAL_W_V2 = np.array([10, 20, 30, 40], np.float32)
+
+
+def make_external() -> None:
+    """x FP32[N, 4] -> y FP32[N] = x . w, with w stored as external data in
+    weights.bin (as models over 2 GB must be): the repository tests swap
+    weights.bin for tests/fixtures/external-weights-v2.bin (w * 10) beside a
+    byte-identical model.onnx, and take it away and back."""
+    folder = TEST_MODELS / "external"
+    w = numpy_helper.from_array(EXTERNAL_W, "w")
+    w.ClearField("raw_data")
+    w.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "weights.bin"), ("offset", "0"), ("length", str(EXTERNAL_W.nbytes))):
+        entry = w.external_data.add()
+        entry.key, entry.value = key, value
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="dot")],
+        "external",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"])],
+        initializer=[w],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)], producer_name=PRODUCER)
+    m.ir_version = IR_VERSION
+    write_bytes(folder / "weights.bin", EXTERNAL_W.tobytes())
+    path = save_model(folder, m, {})
+    onnx.checker.check_model(str(path), full_check=True)
+    write_bytes(FIXTURES / "external-weights-v2.bin", EXTERNAL_W_V2.tobytes())
+    sess = session(path)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    assert np.array_equal(sess.run(["y"], {"x": x})[0], x @ EXTERNAL_W)
+    print(f"external: {rel(path)} ({path.stat().st_size} B) + weights.bin {describe(sess)}")
+
+
 MAKERS = {
     "digits": make_digits,
     "mlp": make_mlp,
@@ -707,6 +745,7 @@ MAKERS = {
     "generated_names": make_generated_names,
     "scalars": make_scalars,
     "strings": make_strings,
+    "external": make_external,
 }
 
 
