@@ -25,13 +25,16 @@ pub enum LoadError {
     Provider(String),
     /// A crash inside sluice or ONNX Runtime while loading (500).
     Internal(String),
+    /// The residency budgets can never hold it: a pinned model that does not
+    /// fit beside the other pinned ones, or one larger than a whole budget (503).
+    NoRoom(String),
 }
 
 impl LoadError {
     /// The message, naming what failed.
     pub fn message(&self) -> &str {
         match self {
-            LoadError::Files(m) | LoadError::Provider(m) | LoadError::Internal(m) => m,
+            LoadError::Files(m) | LoadError::Provider(m) | LoadError::Internal(m) | LoadError::NoRoom(m) => m,
         }
     }
 
@@ -41,6 +44,7 @@ impl LoadError {
             LoadError::Files(m) => LoadError::Files(f(m)),
             LoadError::Provider(m) => LoadError::Provider(f(m)),
             LoadError::Internal(m) => LoadError::Internal(f(m)),
+            LoadError::NoRoom(m) => LoadError::NoRoom(f(m)),
         }
     }
 
@@ -49,7 +53,7 @@ impl LoadError {
         let msg = format!("model `{name}` failed to load: {}", self.message());
         match self {
             LoadError::Files(_) => Error::InvalidInput(msg),
-            LoadError::Provider(m) => Error::ModelNotReady {
+            LoadError::Provider(m) | LoadError::NoRoom(m) => Error::ModelNotReady {
                 name: name.to_string(),
                 reason: m.clone(),
             },

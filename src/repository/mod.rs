@@ -505,14 +505,12 @@ impl Repository {
             metrics::model_memory(name, &format!("cuda:{}", d.device), d.bytes);
         }
         let version = handle.as_ref().and_then(|h| h.settings.version.clone());
+        let tracked = self.tracked.values().find(|t| t.name == name);
         let cold = match handle {
             Some(_) => None,
-            None => self
-                .tracked
-                .values()
-                .find(|t| t.name == name)
-                .and_then(|t| t.cold.clone()),
+            None => tracked.and_then(|t| t.cold.clone()),
         };
+        let pinned = tracked.is_some_and(|t| t.seen.settings.as_ref().is_ok_and(|s| s.pinned));
         self.registry.set(ModelEntry {
             name: name.to_string(),
             dir: dir.to_path_buf(),
@@ -521,6 +519,7 @@ impl Repository {
             handle,
             note,
             cold,
+            pinned,
         });
     }
 }

@@ -30,6 +30,9 @@ pub struct ModelEntry {
     /// Set while the model is not resident, and while it loads for the
     /// requests that found it so: they wait for the load.
     pub cold: Option<Arc<Cold>>,
+    /// Its settings pin it (`pinned`): the server is not ready while it
+    /// cannot be loaded.
+    pub pinned: bool,
 }
 
 /// How requests wait for a model that is not resident: within its
@@ -66,7 +69,8 @@ impl Drop for Waiting<'_> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReadyRule {
     /// Nothing more (Triton's default): a model that failed to load is
-    /// reported in the index and the others serve.
+    /// reported in the index and the others serve; only a pinned model
+    /// that cannot be loaded keeps the server unready.
     Loaded,
     /// This one model serves (single-model mode, `--model-name`): a pod
     /// whose one model cannot serve must not join its Service.
@@ -225,7 +229,9 @@ impl Registry {
     pub fn meets(&self, rule: &ReadyRule) -> bool {
         let models = self.models.read().expect("registry lock poisoned");
         match rule {
-            ReadyRule::Loaded => true,
+            ReadyRule::Loaded => models.values().all(|e| {
+                !e.pinned || !matches!(&e.state, ModelState::Unavailable { reason } if reason != UNLOADED_BY_API)
+            }),
             ReadyRule::Model(name) => models.get(name).is_some_and(|e| e.state == ModelState::Ready),
             ReadyRule::Strict => models.values().all(|e| match &e.state {
                 ModelState::Ready | ModelState::OnDisk => true,

@@ -48,15 +48,47 @@ pub struct NoRoom {
     pub need: u64,
     /// What the models that cannot be evicted now hold there.
     pub held: u64,
+    /// What the pinned ones among them hold there: they never leave.
+    pub pinned: u64,
 }
 
 impl NoRoom {
-    /// The refusal's words, naming the budget's key and what would help.
-    pub fn message(&self, model: &str) -> String {
-        let key = match self.device.as_str() {
+    /// The budget's configuration key.
+    fn key(&self) -> &'static str {
+        match self.device.as_str() {
             "cpu" => "residency.host_bytes",
             _ => "residency.device_bytes",
-        };
+        }
+    }
+
+    /// Whether the model needs more than the budget less what pinned
+    /// models hold: no eviction and no wait can make room for it.
+    pub fn never(&self) -> bool {
+        self.need > self.budget.saturating_sub(self.pinned)
+    }
+
+    /// Why a model that waiting cannot help is not loaded (see
+    /// [`NoRoom::never`]; `pinned`: it may not wait for a request either).
+    pub fn final_message(&self, model: &str, pinned: bool) -> String {
+        let key = self.key();
+        match self.never() {
+            true => format!(
+                "model `{model}` needs about {} bytes on {}, more than {key} ({}) less what pinned models \
+                 hold ({}): it cannot be loaded; raise {key}",
+                self.need, self.device, self.budget, self.pinned
+            ),
+            false if pinned => format!(
+                "pinned model `{model}` needs about {} bytes on {} but {key} is {} and the other pinned \
+                 or busy models hold {}: it cannot be loaded; raise {key}, or unpin a model",
+                self.need, self.device, self.budget, self.held
+            ),
+            false => self.message(model),
+        }
+    }
+
+    /// The refusal's words, naming the budget's key and what would help.
+    pub fn message(&self, model: &str) -> String {
+        let key = self.key();
         format!(
             "model `{model}` needs about {} bytes on {} but {key} is {} and the models that cannot be \
              evicted now (busy, pinned, or active in the last residency.min_idle_seconds) hold {}; \
@@ -112,16 +144,16 @@ pub fn plan(
     match over(&used) {
         None => Ok(evict),
         Some((device, &budget)) => {
-            let held = loaded
-                .iter()
-                .filter(|l| !l.evictable(now, min_idle))
-                .map(|l| l.charge.get(device).copied().unwrap_or(0))
-                .sum();
+            let on_device = |l: &Loaded| l.charge.get(device).copied().unwrap_or(0);
+            let kept = loaded.iter().filter(|l| !l.evictable(now, min_idle));
+            let held = kept.clone().map(on_device).sum();
+            let pinned = kept.filter(|l| l.pinned).map(on_device).sum();
             Err(NoRoom {
                 device: device.clone(),
                 budget,
                 need: need.get(device).copied().unwrap_or(0),
                 held,
+                pinned,
             })
         }
     }
@@ -201,9 +233,14 @@ mod tests {
                 device: "cpu".into(),
                 budget: 100,
                 need: 50,
-                held: 60
+                held: 60,
+                pinned: 30,
             }
         );
+        // The busy one may leave; the pinned one never does, and 50 fits beside it.
+        assert!(!err.never());
+        let never = plan(&cpu(100), &cpu(71), &m, now, Duration::ZERO).unwrap_err();
+        assert!(never.never() && never.final_message("big", false).contains("cannot be loaded"));
         let msg = err.message("big");
         assert!(
             msg.contains("`big` needs about 50 bytes on cpu") && msg.contains("residency.host_bytes is 100"),

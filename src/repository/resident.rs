@@ -58,7 +58,7 @@ impl Repository {
     }
 
     /// Never evicted, loaded at start: `pinned`, or the one model of `--model-name`.
-    fn pinned(&self, settings: &ModelSettings) -> bool {
+    pub(super) fn pinned(&self, settings: &ModelSettings) -> bool {
         settings.pinned || self.model_name.is_some()
     }
 

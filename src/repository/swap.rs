@@ -38,15 +38,20 @@ impl Repository {
         let fresh = self.tracked.get(&md.folder).is_some_and(|t| t.serving.is_none());
         if fresh {
             if let Err(short) = self.make_room(&md.folder, &settings).await {
-                let message = short.message(&name);
+                let pinned = self.pinned(&settings);
+                if pinned {
+                    // A pinned model may not wait for room: an error naming it.
+                    let error = LoadError::NoRoom(short.final_message(&name, true));
+                    return Err(self.failed(&md.folder, error).to_error(&name));
+                }
+                let refusal = no_room(&name, &short);
                 // Once per refused request: a metric, and a line only at debug.
-                tracing::debug!(model = %name, "not loaded: {message}");
+                tracing::debug!(model = %name, "not loaded: {refusal}");
                 metrics::dropped(&name, "no_room");
+                // It stays loadable: a pinned model unpinned, or a budget
+                // freed, may make room later.
                 self.rest(&md.folder, &settings);
-                return Err(Error::Busy {
-                    message,
-                    retry_after: std::time::Duration::from_secs(1),
-                });
+                return Err(refusal);
             }
         }
         match load::build(&self.runtime, &self.pool, &name, &md.dir, settings).await {
@@ -71,13 +76,7 @@ impl Repository {
                 metrics::model_reload(&name, result);
                 metrics::model_load(&name, self.reason.as_str());
                 self.publish(&name, &md.dir, ModelState::Ready, Some(handle.clone()), None);
-                match self.trim(&md.folder) {
-                    Ok(()) => Ok(handle),
-                    Err(short) => Err(Error::Busy {
-                        message: short.message(&name),
-                        retry_after: std::time::Duration::from_secs(1),
-                    }),
-                }
+                self.trim(&md.folder).map(|()| handle).map_err(|short| no_room(&name, &short))
             }
             Err(reason) => Err(self.failed(&md.folder, reason).to_error(&name)),
         }
@@ -113,5 +112,22 @@ impl Repository {
             }
         }
         error
+    }
+}
+
+/// The answer to a request for model `name` that `short` leaves no room
+/// for: "retry later" (503, `Retry-After`) while evictions or finished
+/// requests may make room, else an error that says no wait will (503).
+fn no_room(name: &str, short: &super::residency::NoRoom) -> Error {
+    let message = short.final_message(name, false);
+    match short.never() {
+        true => Error::ModelNotReady {
+            name: name.to_string(),
+            reason: message,
+        },
+        false => Error::Busy {
+            message,
+            retry_after: std::time::Duration::from_secs(1),
+        },
     }
 }

@@ -194,18 +194,20 @@ async fn a_model_that_cannot_fit_is_refused_and_evicts_nothing() {
     f.ask("a").await.unwrap();
     // Its file says nothing of its size: its first load, guessed at what
     // the others hold, evicts `a`, measures it and sends it back to disk.
-    // Once its size is known, it is refused without a load and evicts nothing.
+    // Once its size is known, it is refused without a load and evicts
+    // nothing; beside the pinned `p` it can never fit: no "retry later".
     let refused = f.ask("big").await.unwrap_err();
-    assert_eq!(refused.kind(), ErrorKind::Overloaded, "{refused}");
+    assert_eq!(refused.kind(), ErrorKind::ModelNotReady, "{refused}");
     assert_eq!((f.loads(), f.resident()), (3, vec!["p".to_string()]));
     f.ask("a").await.unwrap();
     for loads in [4, 4] {
         let err = f.ask("big").await.unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Overloaded, "{err}");
+        assert_eq!(err.kind(), ErrorKind::ModelNotReady, "{err}");
         let msg = err.to_string();
         assert!(
             msg.contains("`big` needs about 7000000000 bytes on cpu")
-                && msg.contains("residency.host_bytes is 10000000000"),
+                && msg.contains("more than residency.host_bytes (10000000000) less what pinned models hold (4000000000)")
+                && !msg.contains("retry later"),
             "{msg}"
         );
         assert_eq!(f.loads(), loads);
@@ -306,5 +308,42 @@ async fn pinned_models_are_loaded_when_the_start_up_scan_ends() {
     assert!(
         repo.registry().meets(&crate::repository::ReadyRule::Strict),
         "a model on disk is not a failure"
+    );
+}
+
+#[tokio::test]
+async fn models_that_no_wait_can_fit_are_errors_not_retry_later() {
+    let (p, q, huge) = (
+        format!("k=2 bytes={}", 6 * GB),
+        format!("k=3 bytes={}", 6 * GB),
+        format!("k=4 bytes={}", 12 * GB),
+    );
+    let pinned = [("p", r#"{"pinned": true}"#), ("q", r#"{"pinned": true}"#)];
+    let f = start_with(
+        &[("p", &p), ("q", &q), ("huge", &huge)],
+        &pinned,
+        budget(ResidencyMode::OnDemand, 10),
+    )
+    .await;
+    // Two pinned models of 6 GB under 10 GB: one loads; the other is an
+    // error naming it, and the server is not ready.
+    let states = [f.state("p"), f.state("q")];
+    let failed: Vec<&ModelState> = states.iter().filter(|s| **s != ModelState::Ready).collect();
+    assert_eq!(failed.len(), 1, "{states:?}");
+    let reason = failed[0].reason().unwrap();
+    assert!(
+        reason.contains("pinned model") && reason.contains("cannot be loaded; raise residency.host_bytes"),
+        "{reason}"
+    );
+    assert!(!f.repo.registry().meets(&crate::repository::ReadyRule::Loaded));
+    // A model larger than the whole budget, once its size is known: an
+    // error that says so, never "retry later".
+    let _ = f.ask("huge").await;
+    let err = f.ask("huge").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ModelNotReady, "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("less what pinned models hold") && !msg.contains("retry later"),
+        "{msg}"
     );
 }
