@@ -276,6 +276,109 @@ async fn a_grpc_answer_behind_a_zero_window_stays_inside_the_budget() {
     s.stop().await.unwrap();
 }
 
+/// Many `ModelStreamInfer` streams on one connection whose answers are
+/// never read (the HTTP/2 window stays at zero): each answer holds its bytes
+/// of the budget until sent, so only the budget's worth of them are made,
+/// the rest are refused in the stream, and meanwhile an HTTP request is
+/// refused too; once the connection goes, the budget comes back. Before, a
+/// stream's answer left the budget as it entered the stream's channel, and
+/// unread streams grew memory to many times the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_answers_of_many_grpc_streams_stay_inside_the_budget() {
+    use prost::Message;
+    use sluice::protocol::grpc::inference::model_infer_request::InferInputTensor;
+    use sluice::protocol::grpc::inference::ModelInferRequest;
+    const STREAMS: usize = 40;
+    const EACH: usize = 2;
+    let repo = tempfile::tempdir().unwrap();
+    add_model(repo.path(), "identity", "echo", r#"{"max_batch_size": 0}"#);
+    add_model(repo.path(), "digits", "digits", "{}");
+    let budget = 16 << 20;
+    let s = TestServer::start_with(repo.path(), |c| c.http.max_inflight_bytes = budget).await;
+    // 1 MiB requests of `echo`, answered with 1 MiB each.
+    let rows = (1 << 20) / 64;
+    let message = ModelInferRequest {
+        model_name: "echo".into(),
+        inputs: vec![InferInputTensor {
+            name: "input".into(),
+            datatype: "FP32".into(),
+            shape: vec![rows as i64, 16],
+            ..Default::default()
+        }],
+        raw_input_contents: vec![vec![0u8; rows * 64].into()],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&message);
+    let framed = bytes::Bytes::from(framed);
+    let tcp = tokio::net::TcpStream::connect(s.grpc_addr).await.unwrap();
+    let (mut grpc, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let mut streams = Vec::new();
+    for _ in 0..STREAMS {
+        grpc = grpc.ready().await.unwrap();
+        let call = hyper::Request::post(format!(
+            "http://{}/inference.GRPCInferenceService/ModelStreamInfer",
+            s.grpc_addr
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+        let (answer, mut send) = grpc.send_request(call, false).unwrap();
+        for _ in 0..EACH {
+            send.send_data(framed.clone(), false).unwrap();
+        }
+        streams.push((answer, send));
+    }
+    // Every request is run or refused.
+    let counts = |m: &Metrics| {
+        let of = |status: &str| m.sum("sluice_requests_total", &[("model", "echo"), ("status", status)]) as usize;
+        (of("ok"), of("overloaded"))
+    };
+    let t0 = Instant::now();
+    let (ok, refused) = loop {
+        let (ok, refused) = counts(&Metrics::scrape(&s).await);
+        if ok + refused >= STREAMS * EACH {
+            break (ok, refused);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{ok} answered and {refused} refused of {}",
+            STREAMS * EACH
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Each answer made holds its request's MiB and its own until sent.
+    assert!(
+        ok <= budget >> 20,
+        "{ok} answers of 1 MiB made and unread within a budget of 16 MiB ({refused} refused)"
+    );
+    let (body, _) = digits_body(1);
+    let (st, r) = s.post("/v2/models/digits/infer", &body).await;
+    assert_eq!(st, 503, "{r}");
+    assert!(error_message(&r).contains("http.max_inflight_bytes"), "{r}");
+    drop(streams);
+    drop(grpc);
+    conn.abort();
+    let t0 = Instant::now();
+    loop {
+        let (st, r) = s.post("/v2/models/digits/infer", &body).await;
+        if st == 200 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "the budget never came back: {r}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    s.stop().await.unwrap();
+}
+
 /// Many short BYTES strings cost more than their body once decoded (each
 /// element a word for where it ends): the budget is charged by the decoded
 /// size, so a body of 2 M empty strings (6 MB of JSON, 16 MB decoded) is

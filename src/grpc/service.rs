@@ -8,7 +8,6 @@ use std::time::Instant;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, Semaphore};
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
@@ -46,8 +45,8 @@ impl InferenceService {
     /// Runs one inference request through the model's batcher, continuing
     /// the caller's trace (`parent`, from the call's metadata).
     /// Also returns what the call holds of the byte budget until its
-    /// answer has been sent (a unary call's; a stream's answers are bounded
-    /// by `grpc.max_outstanding_per_stream` instead).
+    /// answer has been sent (kept with a unary answer by the transport, and
+    /// with a stream's answer by [`HeldStream`]).
     async fn infer(
         &self,
         req: ModelInferRequest,
@@ -88,8 +87,40 @@ fn ok<T>(r: Result<T, Error>) -> Answer<T> {
     r.map(Response::new).map_err(|e| status(&e))
 }
 
+/// One answer of a `ModelStreamInfer` call.
+type StreamAnswer = Result<ModelStreamInferResponse, Status>;
+
 /// Answers sent on one `ModelStreamInfer` call.
-type InferStream = Pin<Box<dyn Stream<Item = Result<ModelStreamInferResponse, Status>> + Send>>;
+type InferStream = Pin<Box<dyn Stream<Item = StreamAnswer> + Send>>;
+
+/// A stream's answers, each holding its request's and its own bytes of the
+/// budget (`http.max_inflight_bytes`) until it has been sent: while it
+/// waits in the channel, and once handed to the transport until the
+/// transport asks for the next one (hyper asks only when HTTP/2 flow
+/// control lets it send more). So the unread answers of every stream on
+/// every connection count against the one budget, and requests beyond it
+/// are refused, not answered into memory.
+struct HeldStream {
+    /// From the stream's request tasks (see `model_stream_infer`).
+    answers: mpsc::Receiver<(StreamAnswer, Option<HeldUntilSent>)>,
+    /// What the answer last handed to the transport holds.
+    last: Option<HeldUntilSent>,
+}
+
+impl Stream for HeldStream {
+    type Item = StreamAnswer;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<StreamAnswer>> {
+        // Asked for the next: the last one has gone out.
+        self.last = None;
+        self.answers.poll_recv(cx).map(|next| {
+            next.map(|(answer, held)| {
+                self.last = held;
+                answer
+            })
+        })
+    }
+}
 
 #[tonic::async_trait]
 impl GrpcInferenceService for InferenceService {
@@ -160,10 +191,11 @@ impl GrpcInferenceService for InferenceService {
         let parent = trace_parent(req.metadata());
         let mut requests = req.into_inner();
         let outstanding = self.state.max_outstanding_per_stream;
-        // Answers to the client. Each request's task holds a sender; the
-        // response stream returned below holds the receiver, and ends once
-        // the reader task and every request task have dropped theirs.
-        let (tx, rx) = mpsc::channel(outstanding);
+        // Answers to the client, each with what it holds of the byte
+        // budget. Each request's task holds a sender; the response stream
+        // returned below holds the receiver, and ends once the reader task
+        // and every request task have dropped theirs.
+        let (tx, rx) = mpsc::channel::<(StreamAnswer, Option<HeldUntilSent>)>(outstanding);
         // One permit per request being run or waiting to hand its answer to
         // `tx`: the reader takes one before it reads the next message, each
         // request task returns its own once the answer is in the channel. A
@@ -182,32 +214,38 @@ impl GrpcInferenceService for InferenceService {
                 let request = match next {
                     Ok(r) => r,
                     Err(e) => {
-                        let _ = tx.send(Err(e)).await;
+                        let _ = tx.send((Err(e), None)).await;
                         break;
                     }
                 };
                 let (service, tx, parent) = (service.clone(), tx.clone(), parent.clone());
                 tokio::spawn(async move {
                     let id = request.id.clone();
-                    let answer = match service.infer(request, &parent).await {
-                        Ok((resp, _held)) => ModelStreamInferResponse {
-                            error_message: String::new(),
-                            infer_response: Some(resp),
-                        },
-                        Err(e) => ModelStreamInferResponse {
-                            error_message: e.to_string(),
-                            infer_response: Some(ModelInferResponse {
-                                id,
-                                ..Default::default()
-                            }),
-                        },
+                    let (answer, held) = match service.infer(request, &parent).await {
+                        Ok((resp, held)) => (
+                            ModelStreamInferResponse {
+                                error_message: String::new(),
+                                infer_response: Some(resp),
+                            },
+                            Some(held),
+                        ),
+                        Err(e) => (
+                            ModelStreamInferResponse {
+                                error_message: e.to_string(),
+                                infer_response: Some(ModelInferResponse {
+                                    id,
+                                    ..Default::default()
+                                }),
+                            },
+                            None,
+                        ),
                     };
-                    let _ = tx.send(Ok(answer)).await;
+                    let _ = tx.send((Ok(answer), held)).await;
                     drop(permit);
                 });
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(HeldStream { answers: rx, last: None })))
     }
 
     async fn model_config(&self, req: Request<ModelConfigRequest>) -> Answer<ModelConfigResponse> {
