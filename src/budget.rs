@@ -83,7 +83,28 @@ impl ByteBudget {
     }
 }
 
+/// JSON bodies smaller than this are decoded without [`ByteBudget::reserve_json_bound`]:
+/// what they may take beyond themselves is small, and counting costs CPU
+/// on every request.
+pub const BOUND_FROM: usize = 64 << 10;
+
 impl ByteBudget {
+    /// Reserves, before the JSON text `json` is decoded, the most its
+    /// tensors can take beyond it: leaves are separated by commas, so there
+    /// are at most one more than the commas, and none takes more than 8
+    /// bytes beyond its text (an f64 or i64, or where a BYTES element ends:
+    /// a string's bytes are no more than its text, which the body's own
+    /// reservation holds). So many short strings are refused before they
+    /// are decoded, not after. Held until the decoded size is reserved
+    /// ([`ByteBudget::reserve_decoded`]); nothing for a text under [`BOUND_FROM`].
+    pub fn reserve_json_bound(&self, json: &[u8]) -> Result<Reservation, Error> {
+        if json.len() < BOUND_FROM {
+            return Ok(Reservation(None));
+        }
+        let leaves = memchr::memchr_iter(b',', json).count() + 1;
+        self.reserve(leaves.saturating_mul(8))
+    }
+
     /// Reserves what a request's decoded tensors hold (`decoded` bytes)
     /// beyond its body or message (`wire` bytes, reserved at admission),
     /// until it is answered: many short `BYTES` strings decode to several
@@ -149,6 +170,24 @@ mod tests {
         let _small = b.reserve(1).unwrap();
         assert!(b.reserve(1_000_000).is_err());
         assert!(b.reserve(0).is_ok());
+    }
+
+    #[test]
+    fn a_large_json_body_reserves_what_its_leaves_can_take_before_it_is_decoded() {
+        let b = ByteBudget::new(1 << 20);
+        // Small bodies are not counted.
+        let small = vec![b','; BOUND_FROM - 1];
+        drop(b.reserve_json_bound(&small).unwrap());
+        assert_eq!(b.permits.available_permits(), 1 << 20);
+        // 30,000 empty strings: at most 30,000 leaves of 8 bytes beyond the text.
+        let text = format!("[{}]", vec!["\"\""; 30_000].join(","));
+        let bound = b.reserve_json_bound(text.as_bytes()).unwrap();
+        assert_eq!(b.permits.available_permits(), (1 << 20) - 240_000);
+        // 150,000 of them (1.2 MB of ends) do not fit beside it.
+        let more = format!("[{}]", vec!["\"\""; 150_000].join(","));
+        assert!(b.reserve_json_bound(more.as_bytes()).is_err());
+        drop(bound);
+        assert_eq!(b.permits.available_permits(), 1 << 20);
     }
 
     #[test]

@@ -69,7 +69,9 @@ pub async fn predict(
         let body_len = bytes.len();
         let model = state.registry.serve(name, None, arrival).await?;
         let m = model.clone();
+        let bound = state.budget.reserve_json_bound(&bytes)?;
         let req = request::decode_body(bytes, move |b| Ok(v1::decode(&b, &m.signature)?)).await?;
+        drop(bound);
         let _decoded = state.budget.reserve_decoded(req.heap_bytes(), body_len)?;
         let resp = model.infer(req, arrival).await?;
         let body = telemetry::encode(|| serde_json::to_vec(&v1::encode(&resp)))

@@ -64,6 +64,11 @@ impl Strings {
     }
 
     /// Appends one element.
+    /// Room for `n` more elements' ends (their bytes grow as they come).
+    pub fn reserve(&mut self, n: usize) {
+        self.ends.reserve(n);
+    }
+
     pub fn push(&mut self, s: impl AsRef<[u8]>) {
         self.bytes.extend_from_slice(s.as_ref());
         self.ends.push(self.bytes.len());

@@ -78,6 +78,8 @@ pub(crate) fn read(what: &str, b: &[u8], out: &mut TensorData, layout: Layout) -
 /// Where the leaves go: a typed vector, or BYTES' one buffer.
 trait Sink {
     type Item<'t>;
+    /// The fewest bytes of text an element and its comma take.
+    const MIN_TEXT: usize = 2;
     fn len(&self) -> usize;
     fn reserve(&mut self, n: usize);
     fn push(&mut self, x: Self::Item<'_>);
@@ -100,10 +102,14 @@ impl<T> Sink for Vec<T> {
 
 impl Sink for Strings {
     type Item<'t> = Cow<'t, [u8]>;
+    /// `"",`
+    const MIN_TEXT: usize = 3;
     fn len(&self) -> usize {
         Strings::len(self)
     }
-    fn reserve(&mut self, _: usize) {}
+    fn reserve(&mut self, n: usize) {
+        Strings::reserve(self, n);
+    }
     fn push(&mut self, x: Cow<'_, [u8]>) {
         Strings::push(self, x);
     }
@@ -180,9 +186,9 @@ impl<'a> Walk<'a> {
                 end: c.i + len,
             });
         }
-        // Every element takes at least two bytes of text: a body that
-        // claims a huge shape reserves no more than its text can fill.
-        out.reserve(keep.min((b.len() - c.i) / 2 + 1));
+        // Every element takes some bytes of text: a body that claims a
+        // huge shape reserves no more than its text can fill.
+        out.reserve(keep.min((b.len() - c.i) / S::MIN_TEXT + 1));
         let base = out.len();
         loop {
             // A value: an array, or a leaf.
