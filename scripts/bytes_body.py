@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""What six large BYTES bodies at once cost the server, against its byte
+"""What several large BYTES bodies at once cost the server, against its byte
 budget (`http.max_inflight_bytes`).
 
 Starts BINARY on a temporary repository holding the `strings` fixture
-(BYTES[N] identity) with a 384 MiB budget, posts six V2 JSON bodies of
+(BYTES[N] identity) with a 384 MiB budget, posts COUNT (6) V2 JSON bodies of
 63 MiB of empty strings (`""`, three bytes of text per element, each one a
 element once decoded) at once, and prints the server's resident memory
 before, its peak growth (VmHWM), and each answer's status and seconds.
 
-Usage: scripts/bytes_body.py BINARY   (a release build; needs .ort/ from make setup)
+Usage: scripts/bytes_body.py BINARY [COUNT]   (a release build; needs .ort/ from make setup)
 Python stdlib only.
 """
 import http.client
@@ -22,6 +22,7 @@ import threading
 import time
 
 binary = sys.argv[1]
+count = int(sys.argv[2]) if len(sys.argv) > 2 else 6
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 repo = tempfile.mkdtemp()
 shutil.copytree(f"{root}/tests/fixtures/models/strings", f"{repo}/strings")
@@ -43,10 +44,14 @@ results = []
 def post():
     t0 = time.monotonic()
     c = http.client.HTTPConnection("127.0.0.1", 18400, timeout=120)
-    c.request("POST", "/v2/models/strings/infer", body=body)
-    r = c.getresponse(); text = r.read()[:160]
-    results.append((r.status, round(time.monotonic() - t0, 2), text))
-ts = [threading.Thread(target=post) for _ in range(6)]
+    try:
+        c.request("POST", "/v2/models/strings/infer", body=body)
+        r = c.getresponse(); text = r.read()[:160]
+        results.append((r.status, round(time.monotonic() - t0, 2), text))
+    except OSError as e:
+        # Refused (503) before its body was read: the server closed the connection under the send.
+        results.append(("closed", round(time.monotonic() - t0, 2), str(e).encode()))
+ts = [threading.Thread(target=post) for _ in range(count)]
 for t in ts: t.start()
 for t in ts: t.join()
 print(json.dumps({"body_mib": round(len(body) / 2**20, 1), "rss_before_mib": rss0 // 1024, "peak_growth_mib": (kb("VmHWM:") - rss0) // 1024,
