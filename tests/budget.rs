@@ -339,7 +339,8 @@ async fn unread_answers_of_many_grpc_streams_stay_inside_the_budget() {
     }
     // Every request is run or refused.
     let counts = |m: &Metrics| {
-        let of = |status: &str| m.sum("sluice_requests_total", &[("model", "echo"), ("status", status)]) as usize;
+        let of =
+            |status: &str| m.sum("sluice_requests_total", &[("model", "echo"), ("status", status)]) as usize;
         (of("ok"), of("overloaded"))
     };
     let t0 = Instant::now();
@@ -373,7 +374,10 @@ async fn unread_answers_of_many_grpc_streams_stay_inside_the_budget() {
         if st == 200 {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(30), "the budget never came back: {r}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the budget never came back: {r}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     s.stop().await.unwrap();

@@ -269,7 +269,10 @@ async fn serve_on_port_0_logs_the_port_serves_and_exits_0_on_sigterm() {
     let args = ["--model-repository".as_ref(), repo.path().as_os_str()];
     let (mut child, mut log, port) = spawn_serve(cmd, &args);
     log.wait_for(
-        &["are not configuration", "SLUICE_PORT, SLUICE_PORT_8080_TCP_ADDR, SLUICE_SERVICE_HOST"],
+        &[
+            "are not configuration",
+            "SLUICE_PORT, SLUICE_PORT_8080_TCP_ADDR, SLUICE_SERVICE_HOST",
+        ],
         Duration::from_secs(5),
     );
 

@@ -24,8 +24,14 @@ const W2: [f64; 4] = [10.0, 20.0, 30.0, 40.0];
 /// A request of two rows for the `external` model, and y = x · w for each `w`.
 fn request(w: &[f64; 4]) -> (Value, Vec<f64>) {
     let rows = [[1.0, 0.5, 2.0, 3.0], [0.25, 4.0, 0.0, 1.0]];
-    let y = rows.iter().map(|r| r.iter().zip(w).map(|(x, w)| x * w).sum()).collect();
-    (json!({"inputs": [v2_input("x", "FP32", &[2, 4], json!(rows))]}), y)
+    let y = rows
+        .iter()
+        .map(|r| r.iter().zip(w).map(|(x, w)| x * w).sum())
+        .collect();
+    (
+        json!({"inputs": [v2_input("x", "FP32", &[2, 4], json!(rows))]}),
+        y,
+    )
 }
 
 /// One request to `model`: `Ok` when it answers y = x · `w`, else its status and body.
@@ -50,7 +56,9 @@ async fn serves(s: &TestServer, model: &str, w: &[f64; 4]) {
 /// failed to load, names `file` relative to the repository and not the
 /// host's path of `repo`; returns the message.
 async fn refused(s: &TestServer, repo: &Path, model: &str, file: &str) -> String {
-    let (status, body) = ask(s, model, &W1).await.expect_err("a model that cannot load answered");
+    let (status, body) = ask(s, model, &W1)
+        .await
+        .expect_err("a model that cannot load answered");
     let message = error_message(&body);
     assert_eq!(status, 503, "{body}");
     assert!(message.contains("failed to load"), "{message}");
@@ -64,7 +72,10 @@ async fn refused(s: &TestServer, repo: &Path, model: &str, file: &str) -> String
 fn repository(names: &[&str]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for name in names {
-        copy_dir(&root().join("tests/fixtures/models/external"), &dir.path().join(name));
+        copy_dir(
+            &root().join("tests/fixtures/models/external"),
+            &dir.path().join(name),
+        );
     }
     dir
 }
@@ -72,7 +83,11 @@ fn repository(names: &[&str]) -> tempfile::TempDir {
 /// Writes `bytes` over `path` in place (same inode), as `cp` onto an existing file does.
 fn write_in_place(path: &Path, bytes: &[u8]) {
     use std::io::Write;
-    let mut f = std::fs::OpenOptions::new().write(true).truncate(true).open(path).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .unwrap();
     f.write_all(bytes).unwrap();
 }
 
@@ -89,7 +104,10 @@ async fn new_weights_serve(s: &TestServer, model_dir: &Path, model: &str) {
     let weights = model_dir.join("weights.bin");
     let w1 = std::fs::read(&weights).unwrap();
     serves(s, model, &W1).await;
-    replace_by_rename(&weights, &std::fs::read(root().join("tests/fixtures/external-weights-v2.bin")).unwrap());
+    replace_by_rename(
+        &weights,
+        &std::fs::read(root().join("tests/fixtures/external-weights-v2.bin")).unwrap(),
+    );
     serves(s, model, &W2).await;
     write_in_place(&weights, &w1);
     serves(s, model, &W1).await;
@@ -113,7 +131,10 @@ async fn on_demand_a_failed_load_is_retried_when_its_files_are_whole_again() {
     let why = refused(&s, r, "missing", "weights.bin").await;
     let entry = s.index_entry("missing").await.unwrap();
     let reason = entry["reason"].as_str().unwrap();
-    assert!(reason.contains("failed to load (since ") && reason.contains(" GMT)"), "{entry}");
+    assert!(
+        reason.contains("failed to load (since ") && reason.contains(" GMT)"),
+        "{entry}"
+    );
     std::fs::rename(r.join("missing/.weights.bin"), r.join("missing/weights.bin")).unwrap();
     serves(&s, "missing", &W1).await;
     assert!(why.contains("missing/weights.bin"), "{why}");
@@ -140,7 +161,10 @@ async fn eager_a_model_that_could_not_load_at_start_loads_once_repaired() {
     let s = TestServer::start_loaded(r, |c| c.residency.mode = ResidencyMode::Eager).await;
     for (name, file) in [("missing", "weights.bin"), ("cut", "model.onnx")] {
         let entry = s.wait_state(name, "UNAVAILABLE").await;
-        assert!(entry["reason"].as_str().unwrap().contains("failed to load"), "{entry}");
+        assert!(
+            entry["reason"].as_str().unwrap().contains("failed to load"),
+            "{entry}"
+        );
         refused(&s, r, name, file).await;
     }
     std::fs::rename(r.join("missing/.weights.bin"), r.join("missing/weights.bin")).unwrap();
@@ -167,7 +191,10 @@ async fn on_demand_a_permission_restored_loads_the_model() {
     let model = r.join("locked/model.onnx");
     std::fs::set_permissions(&model, std::fs::Permissions::from_mode(0o000)).unwrap();
     wait_for("the locked model to be refused", || async {
-        ask(&s, "locked", &W1).await.err().filter(|(status, _)| *status == 503)
+        ask(&s, "locked", &W1)
+            .await
+            .err()
+            .filter(|(status, _)| *status == 503)
     })
     .await;
     std::fs::set_permissions(&model, std::fs::Permissions::from_mode(0o644)).unwrap();

@@ -399,8 +399,17 @@ async fn a_flood_of_whole_requests_on_a_model_that_does_not_batch_is_predicted_a
     }
     // 40 clients at once, 64 rows each: 40 runs, seconds of work in a minute.
     let answers = flood_rows(&s, "whole", 40, 64).await;
-    let refused: Vec<&str> = answers.iter().filter(|a| a.status != 200).map(|a| a.error.as_str()).collect();
-    assert!(refused.is_empty(), "{} of 40 not served: {:?}", refused.len(), refused);
+    let refused: Vec<&str> = answers
+        .iter()
+        .filter(|a| a.status != 200)
+        .map(|a| a.error.as_str())
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "{} of 40 not served: {:?}",
+        refused.len(),
+        refused
+    );
     // Five times what fits in 300 ms is still refused at once.
     let run = mean_run(&s, "tight").await;
     let n = ((5.0 * 0.3 / run).ceil() as usize).clamp(24, 400);
@@ -413,8 +422,16 @@ async fn a_flood_of_whole_requests_on_a_model_that_does_not_batch_is_predicted_a
         count(&answers, 200)
     );
     for a in &refused {
-        assert!(a.error.contains("predicted to take") && !a.error.contains("18446744073709551615"), "{}", a.error);
-        assert!(a.took < std::time::Duration::from_millis(200), "refused after {:?}", a.took);
+        assert!(
+            a.error.contains("predicted to take") && !a.error.contains("18446744073709551615"),
+            "{}",
+            a.error
+        );
+        assert!(
+            a.took < std::time::Duration::from_millis(200),
+            "refused after {:?}",
+            a.took
+        );
     }
     s.stop().await.unwrap();
 }

@@ -134,7 +134,10 @@ pub fn predict(fit: &Fit, a: &Ahead) -> Prediction {
     let load = a.arriving_above * per_unit;
     let stretched = (load < SATURATED).then(|| {
         let stretch = |d: Duration| d.div_f64(1.0 - load);
-        (stretch((a.in_flight + queue) / sessions).max(own_batch), stretch(ahead))
+        (
+            stretch((a.in_flight + queue) / sessions).max(own_batch),
+            stretch(ahead),
+        )
     });
     Prediction {
         finish,

@@ -406,7 +406,10 @@ fn admit(shared: &Shared, to: &Queue<'_>, e: Entry) -> Option<Entry> {
         arriving_above: to.state.arriving_above(e.level),
     };
     let to_deadline = e.deadline.saturating_duration_since(to.now);
-    let Verdict::Refuse { predicted, retry_after } = deadline::verdict(&fit, &ahead, e.level, to_deadline, typical)
+    let Verdict::Refuse {
+        predicted,
+        retry_after,
+    } = deadline::verdict(&fit, &ahead, e.level, to_deadline, typical)
     else {
         return Some(e);
     };
@@ -414,7 +417,10 @@ fn admit(shared: &Shared, to: &Queue<'_>, e: Entry) -> Option<Entry> {
     metrics::dropped(&shared.model, "predicted_late");
     let _ = e.reply.send(Err(Error::PredictedLate {
         model: shared.model.to_string(),
-        predicted: to.now.saturating_duration_since(e.arrival).saturating_add(predicted),
+        predicted: to
+            .now
+            .saturating_duration_since(e.arrival)
+            .saturating_add(predicted),
         timeout: e.deadline.saturating_duration_since(e.arrival),
         retry_after,
     }));

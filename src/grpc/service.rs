@@ -110,7 +110,10 @@ struct HeldStream {
 impl Stream for HeldStream {
     type Item = StreamAnswer;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<StreamAnswer>> {
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<StreamAnswer>> {
         // Asked for the next: the last one has gone out.
         self.last = None;
         self.answers.poll_recv(cx).map(|next| {
@@ -245,7 +248,10 @@ impl GrpcInferenceService for InferenceService {
                 });
             }
         });
-        Ok(Response::new(Box::pin(HeldStream { answers: rx, last: None })))
+        Ok(Response::new(Box::pin(HeldStream {
+            answers: rx,
+            last: None,
+        })))
     }
 
     async fn model_config(&self, req: Request<ModelConfigRequest>) -> Answer<ModelConfigResponse> {

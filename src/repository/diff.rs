@@ -93,7 +93,12 @@ impl FileStamp {
         let mut len = 0u64;
         for path in &paths {
             let (m, digest) = files::digest(path).map_err(|e| why(path, e))?;
-            h.write(path.strip_prefix(folder).unwrap_or(path).as_os_str().as_encoded_bytes());
+            h.write(
+                path.strip_prefix(folder)
+                    .unwrap_or(path)
+                    .as_os_str()
+                    .as_encoded_bytes(),
+            );
             h.write_u64(digest);
             len += m.len();
             files.push(FileMeta::of(path, &m));

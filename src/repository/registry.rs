@@ -230,7 +230,8 @@ impl Registry {
         let models = self.models.read().expect("registry lock poisoned");
         match rule {
             ReadyRule::Loaded => models.values().all(|e| {
-                !e.pinned || !matches!(&e.state, ModelState::Unavailable { reason } if reason != UNLOADED_BY_API)
+                !e.pinned
+                    || !matches!(&e.state, ModelState::Unavailable { reason } if reason != UNLOADED_BY_API)
             }),
             ReadyRule::Model(name) => models.get(name).is_some_and(|e| e.state == ModelState::Ready),
             ReadyRule::Strict => models.values().all(|e| match &e.state {

@@ -76,7 +76,9 @@ impl Repository {
                 metrics::model_reload(&name, result);
                 metrics::model_load(&name, self.reason.as_str());
                 self.publish(&name, &md.dir, ModelState::Ready, Some(handle.clone()), None);
-                self.trim(&md.folder).map(|()| handle).map_err(|short| no_room(&name, &short))
+                self.trim(&md.folder)
+                    .map(|()| handle)
+                    .map_err(|short| no_room(&name, &short))
             }
             Err(reason) => Err(self.failed(&md.folder, reason).to_error(&name)),
         }

@@ -49,7 +49,16 @@ fn predictions_count_the_runs_the_batcher_forms() {
         // Nothing ahead: its own batch of one, 1.1 ms.
         (line(), BASE, 1.1, 0.0),
         // 25 one-row requests waiting: two full batches (2 ms each), then its own of 6.
-        (line(), Ahead { queued: 25, entries: 25, ..BASE }, 5.6, 4.0),
+        (
+            line(),
+            Ahead {
+                queued: 25,
+                entries: 25,
+                ..BASE
+            },
+            5.6,
+            4.0,
+        ),
         // The same on two sessions: half the work, its own batch whole.
         (
             line(),
@@ -63,7 +72,15 @@ fn predictions_count_the_runs_the_batcher_forms() {
             2.0,
         ),
         // A batch still running for 3 ms comes first.
-        (line(), Ahead { in_flight: ms(3.0), ..BASE }, 4.1, 3.0),
+        (
+            line(),
+            Ahead {
+                in_flight: ms(3.0),
+                ..BASE
+            },
+            4.1,
+            3.0,
+        ),
         // A request of 10 fills a batch of its own.
         (line(), Ahead { own: 10, ..BASE }, 2.0, 0.0),
         // On many sessions, never sooner than its own run.
@@ -152,8 +169,16 @@ fn predictions_count_the_runs_the_batcher_forms() {
     ];
     for (fit, a, finish, ahead) in cases {
         let p = predict(&fit, &a);
-        assert!(near(p.finish, ms(finish)), "{a:?}: finish {:?}, expected {finish} ms", p.finish);
-        assert!(near(p.ahead, ms(ahead)), "{a:?}: ahead {:?}, expected {ahead} ms", p.ahead);
+        assert!(
+            near(p.finish, ms(finish)),
+            "{a:?}: finish {:?}, expected {finish} ms",
+            p.finish
+        );
+        assert!(
+            near(p.ahead, ms(ahead)),
+            "{a:?}: ahead {:?}, expected {ahead} ms",
+            p.ahead
+        );
         // Nothing arrives above: nothing stretches.
         assert_eq!(p.stretched, Some((p.finish, p.ahead)));
     }
@@ -170,7 +195,10 @@ fn levels_above_stretch_the_wait_until_they_fill_the_sessions() {
         ..BASE
     };
     let (finish, ahead) = predict(&line(), &a).stretched.expect("below saturation");
-    assert!(near(finish, ms(11.2)) && near(ahead, ms(8.0)), "{finish:?}, {ahead:?}");
+    assert!(
+        near(finish, ms(11.2)) && near(ahead, ms(8.0)),
+        "{finish:?}, {ahead:?}"
+    );
     // At 5,000 rows/s they fill it: no stretched prediction.
     let full = Ahead {
         arriving_above: 5000.0,
@@ -230,7 +258,10 @@ fn verdicts() {
         let same = match (got, expected) {
             (Verdict::Admit, Verdict::Admit) => true,
             (
-                Verdict::Refuse { predicted, retry_after },
+                Verdict::Refuse {
+                    predicted,
+                    retry_after,
+                },
                 Verdict::Refuse {
                     predicted: p,
                     retry_after: r,
@@ -238,7 +269,10 @@ fn verdicts() {
             ) => near(predicted, p) && near(retry_after, r),
             _ => false,
         };
-        assert!(same, "{a:?} level {level}, {left} ms left: {got:?}, expected {expected:?}");
+        assert!(
+            same,
+            "{a:?} level {level}, {left} ms left: {got:?}, expected {expected:?}"
+        );
     }
 }
 
@@ -263,6 +297,10 @@ fn promotion() {
         (2, 30.0, None, true),
     ];
     for (level, after, h, due) in cases {
-        assert_eq!(due_for_promotion(level, times, at(after), h), due, "level {level} at {after} s");
+        assert_eq!(
+            due_for_promotion(level, times, at(after), h),
+            due,
+            "level {level} at {after} s"
+        );
     }
 }

@@ -206,7 +206,9 @@ async fn a_model_that_cannot_fit_is_refused_and_evicts_nothing() {
         let msg = err.to_string();
         assert!(
             msg.contains("`big` needs about 7000000000 bytes on cpu")
-                && msg.contains("more than residency.host_bytes (10000000000) less what pinned models hold (4000000000)")
+                && msg.contains(
+                    "more than residency.host_bytes (10000000000) less what pinned models hold (4000000000)"
+                )
                 && !msg.contains("retry later"),
             "{msg}"
         );
