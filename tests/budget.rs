@@ -222,16 +222,13 @@ async fn held_until_closed_for_not_reading(s: &TestServer, how: &str) {
     }
 }
 
-/// The same over gRPC: a client whose HTTP/2 window stays at zero (it never
-/// reads its answer) holds the budget until the connection is closed for
-/// making no progress; meanwhile an HTTP request is refused.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_grpc_answer_behind_a_zero_window_stays_inside_the_budget() {
+/// A gRPC-framed `ModelInferRequest` for `echo` of `bytes` of FP32 zeros
+/// (no compression, the length, the message).
+fn echo_grpc_message(bytes: usize) -> bytes::Bytes {
     use prost::Message;
     use sluice::protocol::grpc::inference::model_infer_request::InferInputTensor;
     use sluice::protocol::grpc::inference::ModelInferRequest;
-    let (_repo, s) = start_echo().await;
-    let rows = (48 << 20) / 64;
+    let rows = bytes / 64;
     let message = ModelInferRequest {
         model_name: "echo".into(),
         inputs: vec![InferInputTensor {
@@ -244,16 +241,36 @@ async fn a_grpc_answer_behind_a_zero_window_stays_inside_the_budget() {
         ..Default::default()
     }
     .encode_to_vec();
-    // gRPC's framing: no compression, the length, the message.
     let mut framed = vec![0u8];
     framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
     framed.extend_from_slice(&message);
+    framed.into()
+}
+
+/// An HTTP/2 connection to the gRPC port whose receive window stays at
+/// zero: it never reads an answer's data. Spawn the connection task.
+async fn zero_window_h2(
+    s: &TestServer,
+) -> (
+    h2::client::SendRequest<bytes::Bytes>,
+    h2::client::Connection<tokio::net::TcpStream, bytes::Bytes>,
+) {
     let tcp = tokio::net::TcpStream::connect(s.grpc_addr).await.unwrap();
-    let (mut grpc, conn) = h2::client::Builder::new()
+    h2::client::Builder::new()
         .initial_window_size(0)
         .handshake::<_, bytes::Bytes>(tcp)
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// The same over gRPC: a client whose HTTP/2 window stays at zero (it never
+/// reads its answer) holds the budget until the connection is closed for
+/// making no progress; meanwhile an HTTP request is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_answer_behind_a_zero_window_stays_inside_the_budget() {
+    let (_repo, s) = start_echo().await;
+    let framed = echo_grpc_message(48 << 20);
+    let (mut grpc, conn) = zero_window_h2(&s).await;
     tokio::spawn(conn);
     let call = hyper::Request::post(format!(
         "http://{}/inference.GRPCInferenceService/ModelInfer",
@@ -264,7 +281,7 @@ async fn a_grpc_answer_behind_a_zero_window_stays_inside_the_budget() {
     .body(())
     .unwrap();
     let (answer, mut send) = grpc.send_request(call, false).unwrap();
-    send.send_data(framed.into(), true).unwrap();
+    send.send_data(framed, true).unwrap();
     // The answer's headers come; its data cannot (the window is zero).
     let answer = tokio::time::timeout(Duration::from_secs(60), answer)
         .await
@@ -285,9 +302,6 @@ async fn a_grpc_answer_behind_a_zero_window_stays_inside_the_budget() {
 /// unread streams grew memory to many times the budget.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unread_answers_of_many_grpc_streams_stay_inside_the_budget() {
-    use prost::Message;
-    use sluice::protocol::grpc::inference::model_infer_request::InferInputTensor;
-    use sluice::protocol::grpc::inference::ModelInferRequest;
     const STREAMS: usize = 40;
     const EACH: usize = 2;
     let repo = tempfile::tempdir().unwrap();
@@ -296,29 +310,8 @@ async fn unread_answers_of_many_grpc_streams_stay_inside_the_budget() {
     let budget = 16 << 20;
     let s = TestServer::start_with(repo.path(), |c| c.http.max_inflight_bytes = budget).await;
     // 1 MiB requests of `echo`, answered with 1 MiB each.
-    let rows = (1 << 20) / 64;
-    let message = ModelInferRequest {
-        model_name: "echo".into(),
-        inputs: vec![InferInputTensor {
-            name: "input".into(),
-            datatype: "FP32".into(),
-            shape: vec![rows as i64, 16],
-            ..Default::default()
-        }],
-        raw_input_contents: vec![vec![0u8; rows * 64].into()],
-        ..Default::default()
-    }
-    .encode_to_vec();
-    let mut framed = vec![0u8];
-    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    framed.extend_from_slice(&message);
-    let framed = bytes::Bytes::from(framed);
-    let tcp = tokio::net::TcpStream::connect(s.grpc_addr).await.unwrap();
-    let (mut grpc, conn) = h2::client::Builder::new()
-        .initial_window_size(0)
-        .handshake::<_, bytes::Bytes>(tcp)
-        .await
-        .unwrap();
+    let framed = echo_grpc_message(1 << 20);
+    let (mut grpc, conn) = zero_window_h2(&s).await;
     let conn = tokio::spawn(conn);
     let mut streams = Vec::new();
     for _ in 0..STREAMS {
