@@ -105,6 +105,17 @@ impl ByteBudget {
         self.reserve(leaves.saturating_mul(8))
     }
 
+    /// Reserves, before a binary-extension body is decoded, what its BYTES
+    /// elements can take beyond their `binary` bytes: each has a 4-byte
+    /// length, and decoded, 8 bytes for where it ends. Only when the JSON
+    /// `header` names BYTES, and nothing under [`BOUND_FROM`].
+    pub fn reserve_binary_strings_bound(&self, header: &[u8], binary: usize) -> Result<Reservation, Error> {
+        if binary < BOUND_FROM || memchr::memmem::find(header, b"\"BYTES\"").is_none() {
+            return Ok(Reservation(None));
+        }
+        self.reserve(binary.saturating_mul(2))
+    }
+
     /// Reserves what a request's decoded tensors hold (`decoded` bytes)
     /// beyond its body or message (`wire` bytes, reserved at admission),
     /// until it is answered: many short `BYTES` strings decode to several
@@ -187,6 +198,16 @@ mod tests {
         let more = format!("[{}]", vec!["\"\""; 150_000].join(","));
         assert!(b.reserve_json_bound(more.as_bytes()).is_err());
         drop(bound);
+        assert_eq!(b.permits.available_permits(), 1 << 20);
+        // Binary BYTES: twice the binary part, only when the header names BYTES.
+        let header = br#"{"inputs":[{"name":"x","datatype":"BYTES","shape":[1]}]}"#;
+        let strings = b.reserve_binary_strings_bound(header, 100_000).unwrap();
+        assert_eq!(b.permits.available_permits(), (1 << 20) - 200_000);
+        drop(strings);
+        drop(
+            b.reserve_binary_strings_bound(br#"{"datatype":"FP32"}"#, 100_000)
+                .unwrap(),
+        );
         assert_eq!(b.permits.available_permits(), 1 << 20);
     }
 

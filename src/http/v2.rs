@@ -143,12 +143,13 @@ async fn answer_infer(
             .and_then(|h| std::str::from_utf8(h).ok()?.parse::<usize>().ok())
             .map_or(body_len, |n| n.min(body_len));
         let bound = state.budget.reserve_json_bound(&bytes[..json_len])?;
+        let strings = (state.budget).reserve_binary_strings_bound(&bytes[..json_len], body_len - json_len)?;
         // The body is freed once decoded (the tensors own their data).
         let decoded = request::decode_body(bytes, move |b| {
             Ok(v2_binary::decode_request(&b, header_length.as_deref())?)
         })
         .await?;
-        drop(bound);
+        drop((bound, strings));
         let _decoded = state
             .budget
             .reserve_decoded(decoded.request.heap_bytes(), body_len)?;
