@@ -19,20 +19,29 @@
 //! **Levels.** Work arriving at higher levels goes ahead of a request while
 //! it waits: each second brings `load` seconds of it, which stretches the
 //! wait to `W ÷ (1 − load)` (queueing theory's `W0 ÷ (1 − ρ)` for the
-//! classes above). But a lower level is never starved: [`PROMOTE_AHEAD`]
-//! typical batches before its deadline it moves to the highest level,
-//! behind only what arrived before it, which it waits behind in any case.
-//! From there [`AFTER_PROMOTION`] batches remain (the batch running, one
-//! formed ahead, its own), and [`MARGIN`] to spare. So a request that
-//! higher levels can jump is predicted to finish by the earlier of its
-//! stretched wait and its deadline less the margin, as long as the work
-//! ahead of it at arrival fits: it is refused only when even that would
-//! take it past its deadline.
+//! classes above), without bound when they fill the sessions. But a lower
+//! level is never starved: [`PROMOTE_AHEAD`] typical batches before its
+//! deadline it moves to the highest level, behind only what arrived before
+//! it, which it waits behind in any case; from there the batches it waits
+//! for (the batch running, one formed ahead, its own) end by its deadline.
+//!
+//! Promoted, it goes ahead of higher levels that came after it. That
+//! costs them nothing while they have time to spare: while a request queued
+//! behind everything waiting now, and this one, would finish, a batch to
+//! spare, within [`SLACK_SHARE`] of the model's timeout and of the time to
+//! the earliest deadline of those waiting ([`Ahead::everyone`],
+//! [`Times::tightest`]; a flood of patient higher-level clients). Then a
+//! request that higher levels can jump is admitted when the work ahead of
+//! it at arrival fits with [`MARGIN`] to spare. Otherwise (every level
+//! busy with little time to spare, an overload) it must fit its stretched
+//! wait with [`AFTER_PROMOTION`] batches to spare, so that, admitted, it
+//! should not need promoting, and with higher levels filling the sessions
+//! it is refused.
 //!
 //! **Margin.** Under overload every admitted request is one whose
-//! prediction just fits: [`MARGIN`] batches keep an error of a batch in
-//! the prediction from being a 504 (never more than the wait ahead: an
-//! idle model admits whatever its own run allows).
+//! prediction just fits: [`MARGIN`] batches (of the largest size) keep an
+//! error of a batch in the prediction from being a 504 (never more than
+//! the wait ahead: an idle model admits whatever its own run allows).
 
 use std::time::{Duration, Instant};
 
@@ -45,8 +54,9 @@ pub const AFTER_PROMOTION: u32 = 3;
 /// Batches of slack an admitted request keeps before its deadline.
 pub const MARGIN: u32 = 1;
 
-/// Typical batches before its deadline at which a lower level is promoted.
-pub const PROMOTE_AHEAD: u32 = AFTER_PROMOTION + MARGIN;
+/// Typical batches before its deadline at which a lower level is promoted:
+/// those it may still wait for.
+pub const PROMOTE_AHEAD: u32 = AFTER_PROMOTION;
 
 /// Share of its time to the deadline a lower level waits, before the batch
 /// cost is known, until it is promoted.
@@ -54,6 +64,11 @@ const PROMOTE_BEFORE_COST: f64 = 0.5;
 
 /// Load of the levels above past which a request is taken to wait until promoted.
 const SATURATED: f64 = 0.99;
+
+/// Share of their time higher levels may be using for a lower level to be
+/// admitted on its promotion: a snapshot of the queue cannot see the lower
+/// ones admitted after it, which the rest is left for.
+const SLACK_SHARE: f64 = 0.5;
 
 /// How long before its deadline a waiting lower level is promoted, from
 /// the model's typical batch run (`None` while it is unknown).
@@ -95,6 +110,21 @@ pub struct Ahead {
     /// Units a second arriving at higher levels, which will go ahead of it
     /// while it waits (0 at the highest level).
     pub arriving_above: f64,
+    /// Units and entries waiting at every level (a request that higher
+    /// levels can jump weighs what its promotion would cost them).
+    pub everyone: (usize, usize),
+}
+
+/// The times a verdict weighs, besides the work ahead.
+#[derive(Debug, Clone, Copy)]
+pub struct Times {
+    /// The request's time to its deadline, from its arrival.
+    pub to_deadline: Duration,
+    /// The model's `timeout`: what higher levels may take.
+    pub timeout: Duration,
+    /// The time to the earliest deadline of the requests waiting (`None`:
+    /// none waits, or it was not asked for: the request cannot be jumped).
+    pub tightest: Option<Duration>,
 }
 
 /// When a request is predicted to be answered, from its arrival.
@@ -158,30 +188,51 @@ pub enum Verdict {
     },
 }
 
-/// The verdict on a request with `to_deadline` left at arrival, `a` ahead
-/// of it, of priority `level` (see the module docs); `typical` is the
-/// model's typical batch run.
-pub fn verdict(fit: &Fit, a: &Ahead, level: u32, to_deadline: Duration, typical: Duration) -> Verdict {
+/// The verdict on a request with `a` ahead of it, of priority `level`
+/// (see the module docs).
+pub fn verdict(fit: &Fit, a: &Ahead, level: u32, t: Times) -> Verdict {
     let p = predict(fit, a);
     let jumpable = level > 1 && a.arriving_above > 0.0;
-    let (finish, ahead) = match (p.stretched, jumpable) {
-        (Some(s), false) => s,
-        // Promotion bounds its wait, once what is ahead of it now is done.
-        (s, true) => {
-            let promoted = to_deadline.saturating_sub(typical * MARGIN).max(p.finish);
-            let (finish, ahead) = s.unwrap_or((Duration::MAX, Duration::MAX));
-            (finish.min(promoted), ahead.min(promoted))
-        }
-        (None, false) => (p.finish, p.ahead),
+    let ((finish, ahead), batches) = match p.stretched {
+        // Promotion bounds its wait, and while higher levels have time to
+        // spare for it, what is ahead of it now must be done in time.
+        _ if jumpable && higher_levels_keep_slack(fit, a, t) => ((p.finish, p.ahead), MARGIN),
+        // Every level overloaded: it must not need promoting.
+        Some(s) if jumpable => (s, AFTER_PROMOTION),
+        // ...and with higher levels filling the sessions, it would.
+        None if jumpable => ((p.finish.max(t.to_deadline), p.ahead), AFTER_PROMOTION),
+        s => (s.unwrap_or((p.finish, p.ahead)), MARGIN),
     };
-    let margin = (typical * MARGIN).min(ahead);
-    if finish.saturating_add(margin) <= to_deadline {
+    let margin = (fit.predict(a.max_batch) * batches).min(ahead);
+    if finish.saturating_add(margin) <= t.to_deadline {
         return Verdict::Admit;
     }
     Verdict::Refuse {
         predicted: finish,
         retry_after: ahead,
     }
+}
+
+/// Whether a request queued behind everything waiting now and the one
+/// weighed (`a.everyone`, its own units) would finish, with a batch to
+/// spare, within [`SLACK_SHARE`] of the model's timeout and of the time to
+/// the earliest deadline of those waiting: then promoting it costs higher
+/// levels nothing they need.
+fn higher_levels_keep_slack(fit: &Fit, a: &Ahead, t: Times) -> bool {
+    let (units, entries) = a.everyone;
+    let behind_all = Ahead {
+        queued: units + a.own.max(1),
+        entries: entries + 1,
+        own: 1,
+        arriving_above: 0.0,
+        ..*a
+    };
+    let batch = fit.predict(a.max_batch) * MARGIN;
+    let limit = t
+        .tightest
+        .map_or(t.timeout, |d| d.min(t.timeout))
+        .mul_f64(SLACK_SHARE);
+    predict(fit, &behind_all).finish.saturating_add(batch) <= limit
 }
 
 #[cfg(test)]

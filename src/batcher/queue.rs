@@ -376,11 +376,6 @@ impl State {
         (n, u)
     }
 
-    /// The typical batch run (`None` until the cost is known).
-    pub fn typical(&self) -> Option<Duration> {
-        self.cost.typical()
-    }
-
     /// Padded tokens a row of the head entry, whose batch forms next (1
     /// without padding or without entries).
     pub fn head_tokens_per_row(&self) -> usize {

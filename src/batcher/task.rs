@@ -18,7 +18,7 @@ mod run;
 
 use run::{longest, run_batch};
 
-use super::deadline::{self, Ahead, Verdict};
+use super::deadline::{self, Ahead, Times, Verdict};
 use super::layout::Batching;
 use super::padding::Padding;
 use super::policy::{decide, Capacity, Decision, Trigger};
@@ -337,6 +337,7 @@ fn publish_outlook(shared: &Shared, state: &State, settings: &BatchSettings, in_
         max_batch: Limits::of(settings).max_units(state.head_tokens_per_row()),
         sessions: shared.workers.instances(),
         arriving_above: 0.0,
+        everyone: (units, entries),
     };
     let wait = deadline::predict(&fit, &ahead).ahead;
     shared.metrics.cost(fit.terms(), wait);
@@ -392,7 +393,7 @@ fn receive(shared: &Shared, to: &mut Queue<'_>, msg: Msg) -> bool {
 /// `refuse_predicted_late` off.
 fn admit(shared: &Shared, to: &Queue<'_>, e: Entry) -> Option<Entry> {
     let fit = to.state.cost().filter(|_| to.settings.refuse_predicted_late);
-    let (Some(fit), Some(typical)) = (fit, to.state.typical()) else {
+    let Some(fit) = fit else {
         return Some(e);
     };
     let (queued, entries) = to.state.ahead(e.level);
@@ -404,12 +405,23 @@ fn admit(shared: &Shared, to: &Queue<'_>, e: Entry) -> Option<Entry> {
         max_batch: Limits::of(to.settings).max_units(e.tokens_per_row()),
         sessions: shared.workers.instances(),
         arriving_above: to.state.arriving_above(e.level),
+        everyone: to.state.ahead(u32::MAX),
     };
-    let to_deadline = e.deadline.saturating_duration_since(to.now);
+    // Only a request that higher levels can jump weighs the queue's
+    // deadlines (a walk of the queue).
+    let jumpable = e.level > 1 && ahead.arriving_above > 0.0;
+    let times = Times {
+        to_deadline: e.deadline.saturating_duration_since(to.now),
+        timeout: to.settings.timeout,
+        tightest: jumpable
+            .then(|| to.state.next_deadline())
+            .flatten()
+            .map(|d| d.saturating_duration_since(to.now)),
+    };
     let Verdict::Refuse {
         predicted,
         retry_after,
-    } = deadline::verdict(&fit, &ahead, e.level, to_deadline, typical)
+    } = deadline::verdict(&fit, &ahead, e.level, times)
     else {
         return Some(e);
     };

@@ -40,6 +40,7 @@ const BASE: Ahead = Ahead {
     max_batch: 10,
     sessions: 1,
     arriving_above: 0.0,
+    everyone: (0, 0),
 };
 
 #[test]
@@ -215,46 +216,84 @@ fn verdicts() {
         entries,
         own: 64,
         max_batch: 1,
+        everyone: (entries * 64, entries),
         ..BASE
     };
     let above = |rate: f64| Ahead {
         queued: 25,
         entries: 25,
         arriving_above: rate,
+        everyone: (25, 25),
         ..BASE
     };
     let refuse = |predicted: f64, retry: f64| Verdict::Refuse {
         predicted: ms(predicted),
         retry_after: ms(retry),
     };
-    // (fit, ahead, level, ms to the deadline, typical run in ms, verdict)
+    // (fit, ahead, level, ms to the deadline, ms to the earliest deadline
+    // of those waiting, the model's timeout in ms, verdict)
     let cases = [
         // The 40th of 40 requests of 64 rows at once on a model that does
         // not batch, 81 ms each, one session: 3.24 s, inside a 60 s timeout.
-        (flood, alone(39), 0, 60_000.0, 81.0, Verdict::Admit),
+        (flood, alone(39), 0, 60_000.0, 60_000.0, 60_000.0, Verdict::Admit),
         // A flood five times what fits a 3 s timeout: the 40th is refused,
         // predicted at its 40 runs, the work ahead its 39.
-        (flood, alone(39), 0, 3_000.0, 81.0, refuse(3240.0, 3159.0)),
-        // 5.6 ms of work and a batch of margin fit 7.6 ms, not 7.5.
-        (line(), above(0.0), 1, 7.7, 2.0, Verdict::Admit),
-        (line(), above(0.0), 1, 7.5, 2.0, refuse(5.6, 4.0)),
-        // Level 2 beside a level-1 flood that fills the sessions: promotion
-        // lets it finish a batch before its deadline once the 5.6 ms of
-        // work ahead of it now is done: admitted with 7.7 ms to spare...
-        (line(), above(5000.0), 2, 7.7, 2.0, Verdict::Admit),
+        (
+            flood,
+            alone(39),
+            0,
+            3_000.0,
+            3_000.0,
+            3_000.0,
+            refuse(3240.0, 3159.0),
+        ),
+        // 5.6 ms of work and a batch (2 ms) of margin fit 7.7 ms, not 7.5.
+        (line(), above(0.0), 1, 7.7, 60_000.0, 60_000.0, Verdict::Admit),
+        (line(), above(0.0), 1, 7.5, 60_000.0, 60_000.0, refuse(5.6, 4.0)),
+        // Level 2 beside a level-1 flood that fills the sessions, of
+        // patient clients (60 s deadlines): promotion lets it finish by
+        // its deadline once the 5.6 ms of work ahead of it now is done,
+        // with a batch to spare: admitted with 7.7 ms to go...
+        (line(), above(5000.0), 2, 7.7, 60_000.0, 60_000.0, Verdict::Admit),
         // ...and with 12 ms, though stretched it would take 11.2 ms and a
         // batch of margin more.
-        (line(), above(2500.0), 2, 12.0, 2.0, Verdict::Admit),
+        (line(), above(2500.0), 2, 12.0, 60_000.0, 60_000.0, Verdict::Admit),
         // Refused when even the work ahead of it now does not fit; the
         // prediction is then that work, never an unbounded time.
-        (line(), above(5000.0), 2, 7.5, 2.0, refuse(5.6, 5.6)),
+        (
+            line(),
+            above(5000.0),
+            2,
+            7.5,
+            60_000.0,
+            60_000.0,
+            refuse(5.6, 4.0),
+        ),
+        // Every level overloaded (the model's timeout is 7 ms: behind
+        // everyone, a request would not make it): promoting it would make
+        // higher levels late, so it must fit stretched with three batches
+        // to spare. With higher levels filling the sessions it never does...
+        (line(), above(5000.0), 2, 7.7, 60_000.0, 7.0, refuse(7.7, 4.0)),
+        // ...nor when the requests waiting have 7 ms to their deadlines.
+        (line(), above(5000.0), 2, 7.7, 7.0, 60_000.0, refuse(7.7, 4.0)),
+        // With half the sessions left, and behind everything a request
+        // would take more than half the 14 ms the waiting have: the
+        // stretched wait, 11.2 ms, and three batches (6 ms) of margin do
+        // not fit 12 ms, and fit 17.3 ms.
+        (line(), above(2500.0), 2, 12.0, 14.0, 60_000.0, refuse(11.2, 8.0)),
+        (line(), above(2500.0), 2, 17.3, 14.0, 60_000.0, Verdict::Admit),
         // The same arrivals at level 1 do not jump a level-1 request.
-        (line(), above(0.0), 1, 5.0, 2.0, refuse(5.6, 4.0)),
+        (line(), above(0.0), 1, 5.0, 60_000.0, 60_000.0, refuse(5.6, 4.0)),
         // An idle model admits whatever its own run allows.
-        (line(), BASE, 1, 1.2, 2.0, Verdict::Admit),
+        (line(), BASE, 1, 1.2, 60_000.0, 60_000.0, Verdict::Admit),
     ];
-    for (fit, a, level, left, typical_ms, expected) in cases {
-        let got = verdict(&fit, &a, level, ms(left), ms(typical_ms));
+    for (fit, a, level, left, tightest, timeout, expected) in cases {
+        let times = Times {
+            to_deadline: ms(left),
+            timeout: ms(timeout),
+            tightest: Some(ms(tightest)),
+        };
+        let got = verdict(&fit, &a, level, times);
         let same = match (got, expected) {
             (Verdict::Admit, Verdict::Admit) => true,
             (
@@ -271,7 +310,7 @@ fn verdicts() {
         };
         assert!(
             same,
-            "{a:?} level {level}, {left} ms left: {got:?}, expected {expected:?}"
+            "{a:?} level {level}, {left} ms left, timeout {timeout} ms: {got:?}, expected {expected:?}"
         );
     }
 }
@@ -281,14 +320,14 @@ fn promotion() {
     let t0 = Instant::now();
     let times = (t0, t0 + Duration::from_secs(60));
     let at = |s: f64| t0 + Duration::from_secs_f64(s);
-    // Runs of 1 s: promoted four runs before the deadline.
+    // Runs of 1 s: promoted three runs before the deadline.
     let horizon = promotion_horizon(Some(Duration::from_secs(1)));
-    assert_eq!(horizon, Some(Duration::from_secs(4)));
+    assert_eq!(horizon, Some(Duration::from_secs(3)));
     // (level, seconds after arrival, horizon, due)
     let cases = [
-        (2, 55.9, horizon, false),
-        (2, 56.0, horizon, true),
-        (3, 56.0, horizon, true),
+        (2, 56.9, horizon, false),
+        (2, 57.0, horizon, true),
+        (3, 57.0, horizon, true),
         // The highest level and a model without levels never move.
         (1, 59.0, horizon, false),
         (0, 59.0, horizon, false),

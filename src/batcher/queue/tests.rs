@@ -211,7 +211,7 @@ fn units_ahead_count_each_level_and_higher() {
 }
 
 #[test]
-fn once_the_cost_is_known_a_low_level_is_promoted_four_runs_before_its_deadline() {
+fn once_the_cost_is_known_a_low_level_is_promoted_three_runs_before_its_deadline() {
     let t0 = Instant::now();
     let mut s = State::new();
     for _ in 0..3 {
@@ -225,10 +225,10 @@ fn once_the_cost_is_known_a_low_level_is_promoted_four_runs_before_its_deadline(
         s.push(e.with_level(level));
     }
     let order = |s: &State| s.entries.iter().map(|e| e.rows).collect::<Vec<_>>();
-    // Half its 60 s is no longer the rule: at 55.9 s it still waits...
-    assert!(s.remove_dead(t0 + Duration::from_millis(55_900)).is_empty());
+    // Half its 60 s is no longer the rule: at 56.9 s it still waits...
+    assert!(s.remove_dead(t0 + Duration::from_millis(56_900)).is_empty());
     assert_eq!(order(&s), [2, 1]);
-    // ...and four runs of 1 s before its deadline it goes first.
-    assert!(s.remove_dead(t0 + Duration::from_secs(56)).is_empty());
+    // ...and three runs of 1 s before its deadline it goes first.
+    assert!(s.remove_dead(t0 + Duration::from_secs(57)).is_empty());
     assert_eq!(order(&s), [1, 2]);
 }
