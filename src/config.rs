@@ -15,12 +15,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::settings::{BatchPolicyKind, ExecutionProvider, ModelDefaults};
 
+mod env;
 mod network;
 mod repository;
 mod residency;
 mod telemetry;
 mod tls;
 
+pub use env::ignored_env;
 pub use network::{AuthConfig, GrpcConfig, HttpConfig, HttpLimits};
 pub use repository::{ControlMode, RepositoryConfig, WatchMode};
 pub use residency::{Residency, ResidencyConfig, ResidencyMode};
@@ -203,32 +205,6 @@ impl<P: figment::Provider> figment::Provider for ExponentFloats<P> {
 /// a protobuf message cannot be larger).
 pub const MAX_MESSAGE_BYTES: usize = 4 << 30;
 
-/// The `SLUICE_*` environment variables that cannot be configuration and
-/// are left alone: every configuration key is in a section
-/// (`SLUICE_HTTP__PORT`), so one without a double underscore (other than
-/// the MLServer-style `SLUICE_MODEL_MAX_BATCH_SIZE` / `_TIME`) belongs to
-/// someone else. Kubernetes writes `SLUICE_SERVICE_HOST`,
-/// `SLUICE_SERVICE_PORT*` and `SLUICE_PORT*` into every pod of a namespace
-/// with a Service named `sluice`; a test harness may export `SLUICE_BIN`.
-/// A misspelt key in a section (`SLUICE_HTTP__PROT`) is still refused.
-pub fn ignored_env(vars: impl IntoIterator<Item = String>) -> Vec<String> {
-    let mut ignored: Vec<String> = vars
-        .into_iter()
-        .filter(|k| {
-            k.len() > "SLUICE_".len()
-                && k.get(.."SLUICE_".len())
-                    .is_some_and(|p| p.eq_ignore_ascii_case("SLUICE_"))
-                && !k.contains("__")
-                && !matches!(
-                    k.to_ascii_uppercase().as_str(),
-                    "SLUICE_MODEL_MAX_BATCH_SIZE" | "SLUICE_MODEL_MAX_BATCH_TIME"
-                )
-        })
-        .collect();
-    ignored.sort();
-    ignored
-}
-
 impl Config {
     /// Layers defaults, the config file, `SLUICE_*` variables and CLI flags.
     ///
@@ -246,7 +222,7 @@ impl Config {
         fig = fig
             // Nested keys with a double underscore: SLUICE_HTTP__PORT=9000.
             // Every key is in a section, so a variable without one is not
-            // configuration (see [`ignored_env`]).
+            // configuration (see [`env::ignored_env`]).
             .merge(ExponentFloats(
                 Env::prefixed("SLUICE_")
                     .filter(|k| k.as_str().contains("__"))

@@ -263,6 +263,18 @@ async fn zero_window_h2(
         .unwrap()
 }
 
+/// The head of a call to `method` of the inference service.
+fn grpc_call(s: &TestServer, method: &str) -> hyper::Request<()> {
+    hyper::Request::post(format!(
+        "http://{}/inference.GRPCInferenceService/{method}",
+        s.grpc_addr
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap()
+}
+
 /// The same over gRPC: a client whose HTTP/2 window stays at zero (it never
 /// reads its answer) holds the budget until the connection is closed for
 /// making no progress; meanwhile an HTTP request is refused.
@@ -272,15 +284,7 @@ async fn a_grpc_answer_behind_a_zero_window_stays_inside_the_budget() {
     let framed = echo_grpc_message(48 << 20);
     let (mut grpc, conn) = zero_window_h2(&s).await;
     tokio::spawn(conn);
-    let call = hyper::Request::post(format!(
-        "http://{}/inference.GRPCInferenceService/ModelInfer",
-        s.grpc_addr
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .body(())
-    .unwrap();
-    let (answer, mut send) = grpc.send_request(call, false).unwrap();
+    let (answer, mut send) = grpc.send_request(grpc_call(&s, "ModelInfer"), false).unwrap();
     send.send_data(framed, true).unwrap();
     // The answer's headers come; its data cannot (the window is zero).
     let answer = tokio::time::timeout(Duration::from_secs(60), answer)
@@ -316,15 +320,9 @@ async fn unread_answers_of_many_grpc_streams_stay_inside_the_budget() {
     let mut streams = Vec::new();
     for _ in 0..STREAMS {
         grpc = grpc.ready().await.unwrap();
-        let call = hyper::Request::post(format!(
-            "http://{}/inference.GRPCInferenceService/ModelStreamInfer",
-            s.grpc_addr
-        ))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-        let (answer, mut send) = grpc.send_request(call, false).unwrap();
+        let (answer, mut send) = grpc
+            .send_request(grpc_call(&s, "ModelStreamInfer"), false)
+            .unwrap();
         for _ in 0..EACH {
             send.send_data(framed.clone(), false).unwrap();
         }
