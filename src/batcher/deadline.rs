@@ -188,11 +188,17 @@ pub enum Verdict {
     },
 }
 
+/// Whether a request of `level` can be jumped: a lower level, while units
+/// arrive at higher ones (`arriving_above` a second).
+pub fn jumpable(level: u32, arriving_above: f64) -> bool {
+    level > 1 && arriving_above > 0.0
+}
+
 /// The verdict on a request with `a` ahead of it, of priority `level`
 /// (see the module docs).
 pub fn verdict(fit: &Fit, a: &Ahead, level: u32, t: Times) -> Verdict {
     let p = predict(fit, a);
-    let jumpable = level > 1 && a.arriving_above > 0.0;
+    let jumpable = jumpable(level, a.arriving_above);
     let ((finish, ahead), batches) = match p.stretched {
         // Promotion bounds its wait, and while higher levels have time to
         // spare for it, what is ahead of it now must be done in time.

@@ -370,12 +370,6 @@ impl State {
         self.ahead(u32::MAX).0
     }
 
-    /// Entries waiting, of every level, and their units.
-    pub fn entries_and_units(&self) -> (usize, usize) {
-        let (u, n) = self.ahead(u32::MAX);
-        (n, u)
-    }
-
     /// Padded tokens a row of the head entry, whose batch forms next (1
     /// without padding or without entries).
     pub fn head_tokens_per_row(&self) -> usize {

@@ -328,7 +328,7 @@ fn publish_outlook(shared: &Shared, state: &State, settings: &BatchSettings, in_
     let Some(fit) = state.cost() else {
         return;
     };
-    let (entries, units) = state.entries_and_units();
+    let (units, entries) = state.ahead(u32::MAX);
     let ahead = Ahead {
         in_flight,
         queued: units,
@@ -409,7 +409,7 @@ fn admit(shared: &Shared, to: &Queue<'_>, e: Entry) -> Option<Entry> {
     };
     // Only a request that higher levels can jump weighs the queue's
     // deadlines (a walk of the queue).
-    let jumpable = e.level > 1 && ahead.arriving_above > 0.0;
+    let jumpable = deadline::jumpable(e.level, ahead.arriving_above);
     let times = Times {
         to_deadline: e.deadline.saturating_duration_since(to.now),
         timeout: to.settings.timeout,

@@ -138,12 +138,11 @@ async fn answer_infer(
         let header_length = headers.get(HEADER_LENGTH).map(|v| v.as_bytes().to_vec());
         // What the JSON (the whole body, or the binary extension's header)
         // may decode to, held before it is decoded.
-        let json_len = header_length
-            .as_deref()
-            .and_then(|h| std::str::from_utf8(h).ok()?.parse::<usize>().ok())
-            .map_or(body_len, |n| n.min(body_len));
+        let json_len = v2_binary::json_length(&bytes, header_length.as_deref())?;
         let bound = state.budget.reserve_json_bound(&bytes[..json_len])?;
-        let strings = (state.budget).reserve_binary_strings_bound(&bytes[..json_len], body_len - json_len)?;
+        let strings = state
+            .budget
+            .reserve_binary_strings_bound(&bytes[..json_len], body_len - json_len)?;
         // The body is freed once decoded (the tensors own their data).
         let decoded = request::decode_body(bytes, move |b| {
             Ok(v2_binary::decode_request(&b, header_length.as_deref())?)

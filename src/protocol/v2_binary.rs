@@ -155,7 +155,7 @@ pub(crate) fn decode_request_serde(body: &[u8], header: Option<&[u8]>) -> Result
 
 /// The length of the body's JSON part: the [`HEADER_LENGTH`] header's value
 /// (`header`, raw), or the whole body without one.
-fn json_length(body: &[u8], header: Option<&[u8]>) -> Result<usize, Error> {
+pub fn json_length(body: &[u8], header: Option<&[u8]>) -> Result<usize, Error> {
     let Some(raw) = header else {
         return Ok(body.len());
     };
