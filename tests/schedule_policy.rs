@@ -491,8 +491,8 @@ async fn a_lower_level_beside_a_higher_flood_is_served_in_time_as_often_with_ref
     let r = repo(&[("slow", "on", &settings(true)), ("slow", "off", &settings(false))]);
     let s = TestServer::start(r.path()).await;
     let served = |st: &[u16]| st.iter().filter(|&&s| s == 200).count() as f64 / st.len().max(1) as f64;
-    let on = low_beside_high_flood(&s, "on", 8.0).await;
-    let off = low_beside_high_flood(&s, "off", 8.0).await;
+    let on = low_beside_high_flood(&s, "on", 16.0).await;
+    let off = low_beside_high_flood(&s, "off", 16.0).await;
     let what = format!("level 2 with refusal on: {on:?}; off: {off:?}");
     // Promotion serves it in time without refusal; the prediction must
     // know that, not refuse what aging would serve.
