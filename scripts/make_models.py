@@ -727,7 +727,32 @@ def make_external() -> None:
     print(f"external: {rel(path)} ({path.stat().st_size} B) + weights.bin {describe(sess)}")
 
 
+def make_simple_identity() -> None:
+    """Triton's example repository's `simple_identity` is a Python-backend
+    model (BYTES INPUT0 -> OUTPUT0, unchanged); its stand-in is an ONNX
+    Identity with the same config.pbtxt, its platform ONNX."""
+    folder = FIXTURES / "triton" / "model_repository" / "simple_identity"
+    g = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"], name="identity")],
+        "simple_identity",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.STRING, ["batch", "n"])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.STRING, ["batch", "n"])],
+    )
+    path = folder / "1" / "model.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes(path, finish_model(g).SerializeToString())
+    original = (FIXTURES / "triton" / "simple_identity.config.pbtxt.orig").read_text()
+    config = original.replace('backend: "python"', 'platform: "onnxruntime_onnx"')
+    assert config != original
+    (folder / "config.pbtxt").write_text(config)
+    sess = session(path)
+    x = np.array([["a", "bc"]], dtype=object)
+    assert sess.run(None, {"INPUT0": x})[0].tolist() == x.tolist()
+    print(f"simple_identity: {rel(path)} ({path.stat().st_size} B) {describe(sess)}")
+
+
 MAKERS = {
+    "simple_identity": make_simple_identity,
     "digits": make_digits,
     "mlp": make_mlp,
     "dtypes": make_dtypes,

@@ -41,6 +41,7 @@ pub mod telemetry;
 pub mod tensor;
 pub mod tls;
 pub mod transport;
+pub mod triton;
 pub mod watch;
 
 use std::future::Future;

@@ -293,7 +293,7 @@ fn folder_settings(dir: &Path, cfg: &Config) -> Result<sluice::settings::ModelSe
     match sluice::repository::scan::read_folder(&root, dir, &folder, &cfg.model_defaults()) {
         Ok(Some(s)) => Ok(s),
         Ok(None) => Err(format!(
-            "{}: no model-settings.json and no *.onnx file: not a model folder",
+            "{}: no model-settings.json, no config.pbtxt, no version folder and no *.onnx file: not a model folder",
             dir.display()
         )),
         Err(e) => Err(e.to_string()),
@@ -331,6 +331,9 @@ fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
     let padding = checked.padding;
     println!("model {} OK ({})", settings.name, path.display());
     println!("provider: {}", loaded.provider_reason);
+    for field in &settings.ignored {
+        println!("not honoured: {field}");
+    }
     let mut loaded = loaded;
     for line in evidence(dir, &name, &settings, &mut loaded, checked.layout) {
         println!("{line}");

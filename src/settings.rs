@@ -253,6 +253,14 @@ pub struct ModelSettings {
     /// MLServer fields that were accepted (type-checked) but have no effect in sluice, for a log
     /// line at load: `implementation`, `parallel_workers`, `parameters.content_type`, ...
     pub unused: Vec<String>,
+    /// A `config.pbtxt`'s fields that sluice does not honour, each with why (`src/triton/`),
+    /// for a warning at load and `sluice check`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ignored: Vec<String>,
+    /// A `config.pbtxt` model's configuration as read, in Triton's JSON shape: what the
+    /// config endpoint answers (with Triton's defaults filled in).
+    #[serde(skip)]
+    pub triton_config: Option<Value>,
 }
 
 /// MLServer's declared `inputs` and `outputs` (ModelMesh's MLServer adapter writes them).
@@ -450,6 +458,8 @@ impl ModelSettings {
             batch_axes,
             declared,
             unused,
+            ignored: Vec::new(),
+            triton_config: None,
         })
     }
 
@@ -505,6 +515,8 @@ impl ModelSettings {
         same_sessions.batching = self.batching;
         same_sessions.version.clone_from(&self.version);
         same_sessions.unused.clone_from(&self.unused);
+        same_sessions.ignored.clone_from(&self.ignored);
+        same_sessions.triton_config.clone_from(&self.triton_config);
         same_sessions.pinned = self.pinned;
         same_sessions != *self
     }

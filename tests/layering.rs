@@ -11,6 +11,8 @@ const LAYERS: &[&[&str]] = &[
     &["error", "watch"],
     &["tensor"],
     &["protocol", "settings"],
+    // Triton's model configuration, mapped onto settings.
+    &["triton"],
     &["config"],
     &["metrics", "budget", "access", "shutdown", "tls", "telemetry"],
     // Both ports' connections (HTTP and gRPC plug their services in).

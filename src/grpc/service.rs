@@ -263,7 +263,7 @@ impl GrpcInferenceService for InferenceService {
             .serve(&r.name, non_empty(&r.version), Instant::now())
             .await
             .map(|m| ModelConfigResponse {
-                config: Some((&m.config()).into()),
+                config: Some(m.config()),
             }))
     }
 

@@ -13,7 +13,6 @@ use tracing::Instrument;
 
 use super::error::ApiError;
 use super::request::{self, body_bytes, observe, Admission, ApiPath, AppState};
-use crate::protocol::model_config::ModelConfig;
 use crate::protocol::statistics::StatisticsResponse;
 use crate::protocol::v2::{ModelMetadata, ServerMetadata};
 use crate::protocol::v2_binary::{self, EncodedResponse, HEADER_LENGTH};
@@ -193,12 +192,12 @@ fn infer_response(enc: EncodedResponse) -> Response {
 pub async fn model_config(
     State(state): State<AppState>,
     ApiPath(p): ApiPath<ModelPath>,
-) -> Result<Json<ModelConfig>, ApiError> {
+) -> Result<Json<serde_json::Value>, ApiError> {
     let model = state
         .registry
         .serve(&p.name, p.version.as_deref(), Instant::now())
         .await?;
-    Ok(Json(model.config()))
+    Ok(Json(crate::triton::config::to_json(&model.config())))
 }
 
 /// `GET /v2/models/{name}[/versions/{version}]/stats`: the model's

@@ -3,6 +3,7 @@
 //! from its signature and its live batch settings, and its statistics.
 
 use super::ModelHandle;
+use crate::protocol::grpc::inference;
 use crate::protocol::model_config::{DynamicBatching, ModelConfig, QueuePolicy};
 use crate::protocol::statistics::{MemoryUsage, ModelStatistics};
 
@@ -16,7 +17,7 @@ impl ModelHandle {
     /// the current `max_batch_size` setting); one that does not batch, or
     /// batches on another axis, has none (`0`: each tensor's whole shape).
     /// `dynamic_batching` is present when requests are batched together.
-    pub fn config(&self) -> ModelConfig {
+    pub fn derived_config(&self) -> ModelConfig {
         let batching = self.batcher().settings();
         let plain = self.batcher().batching().layout().is_some_and(|l| l.is_plain());
         let max_batch_size = if plain { batching.max_batch_size.max(1) } else { 0 };
@@ -28,6 +29,54 @@ impl ModelHandle {
             },
         });
         ModelConfig::new(&self.name, &self.signature, max_batch_size, dynamic)
+    }
+
+    /// The configuration in force, as Triton's config endpoint and RPC answer
+    /// it: a `config.pbtxt` model's own configuration, with what Triton
+    /// fills in when the file leaves it out (name, platform, tensors from
+    /// the ONNX file, one instance group, the version policy); otherwise the
+    /// configuration [`ModelHandle::derived_config`] builds.
+    pub fn config(&self) -> inference::ModelConfig {
+        let derived = inference::ModelConfig::from(&self.derived_config());
+        let Some(mut c) = self
+            .settings
+            .triton_config
+            .as_ref()
+            .and_then(|json| crate::triton::config::from_json(&json.to_string()).ok())
+        else {
+            return derived;
+        };
+        c.name.clone_from(&self.name);
+        c.platform = crate::triton::mapping::PLATFORM.into();
+        c.backend = crate::triton::mapping::BACKEND.into();
+        if c.input.is_empty() {
+            c.input = derived.input;
+        }
+        if c.output.is_empty() {
+            c.output = derived.output;
+        }
+        if c.instance_group.is_empty() {
+            let kind = match self.memory.device_bytes.is_empty() {
+                true => inference::model_instance_group::Kind::Cpu,
+                false => inference::model_instance_group::Kind::Gpu,
+            };
+            c.instance_group = vec![inference::ModelInstanceGroup {
+                name: self.name.clone(),
+                kind: kind as i32,
+                count: i32::try_from(self.settings.instances).unwrap_or(i32::MAX),
+                ..Default::default()
+            }];
+        }
+        if c.version_policy.is_none() {
+            use inference::model_version_policy::{Latest, PolicyChoice};
+            c.version_policy = Some(inference::ModelVersionPolicy {
+                policy_choice: Some(PolicyChoice::Latest(Latest { num_versions: 1 })),
+            });
+        }
+        if c.default_model_filename.is_empty() {
+            c.default_model_filename = "model.onnx".into();
+        }
+        c
     }
 
     /// The version the statistics extension reports: the model's version, or

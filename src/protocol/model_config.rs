@@ -124,7 +124,7 @@ impl From<&ModelConfig> for inference::ModelConfig {
                     name: t.name.clone(),
                     data_type: proto_datatype(&t.data_type),
                     dims: t.dims.clone(),
-                    optional: false,
+                    ..Default::default()
                 })
                 .collect(),
             output: c
@@ -134,6 +134,7 @@ impl From<&ModelConfig> for inference::ModelConfig {
                     name: t.name.clone(),
                     data_type: proto_datatype(&t.data_type),
                     dims: t.dims.clone(),
+                    ..Default::default()
                 })
                 .collect(),
             instance_group: Vec::new(),
@@ -145,9 +146,12 @@ impl From<&ModelConfig> for inference::ModelConfig {
                         default_timeout_microseconds: d.default_queue_policy.default_timeout_microseconds,
                         max_queue_size: u32::try_from(d.default_queue_policy.max_queue_size)
                             .unwrap_or(u32::MAX),
+                        ..Default::default()
                     }),
+                    ..Default::default()
                 })
             }),
+            ..Default::default()
         }
     }
 }

@@ -117,7 +117,7 @@ impl FileStamp {
     }
 }
 
-/// The regular files under `dir` but `model` and the settings file, by
+/// The regular files under `dir` but `model` and the settings files, by
 /// path, skipping hidden entries (see [`FileStamp`]); at most [`MAX_FILES`].
 fn folder_files(dir: &Path, depth: usize, model: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -143,7 +143,12 @@ fn folder_files(dir: &Path, depth: usize, model: &Path, out: &mut Vec<PathBuf>) 
             }
             continue;
         }
-        let settings = depth == 0 && path.file_name().is_some_and(|n| n == super::scan::SETTINGS_FILE);
+        // The settings (either layout's) are compared as parsed settings:
+        // a batching-only edit applies in place.
+        let settings = depth == 0
+            && path
+                .file_name()
+                .is_some_and(|n| n == super::scan::SETTINGS_FILE || n == crate::triton::CONFIG_FILE);
         let regular = std::fs::metadata(&path).is_ok_and(|m| m.is_file());
         if regular && !settings && path != model {
             out.push(path);

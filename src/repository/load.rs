@@ -184,6 +184,9 @@ pub fn check_loaded(
             "MLServer fields accepted but not used by sluice"
         );
     }
+    for field in &settings.ignored {
+        tracing::warn!(model = %name, "config.pbtxt field not honoured: {field}");
+    }
     let layout = layout::decide(signature, &settings.batch_axes);
     if let (Err(why), true) = (&layout, settings.batching.batching_enabled()) {
         tracing::info!(model = %name, reason = %why, "serving with batching off: each request runs alone and gets its outputs whole");

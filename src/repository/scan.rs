@@ -51,6 +51,12 @@ pub fn read_folder(
     defaults: &ModelDefaults,
 ) -> Result<Option<ModelSettings>, String> {
     let file = dir.join(SETTINGS_FILE);
+    let triton = crate::triton::is_model_folder(dir);
+    if triton && file.exists() {
+        tracing::warn!(folder = %dir.display(), "the folder holds both {SETTINGS_FILE} and Triton's {}; {SETTINGS_FILE} is used", crate::triton::CONFIG_FILE);
+    } else if triton {
+        return crate::triton::read_folder(dir, folder, defaults).map(Some);
+    }
     let onnx = onnx_files(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let default_uri = match onnx.as_slice() {
         [only] if !onnx.iter().any(|f| f == DEFAULT_URI) => PathBuf::from(only),
@@ -190,7 +196,7 @@ pub fn scan(layout: &Layout) -> Result<Vec<ModelDir>, String> {
         }
         let settings = match read_folder(root, &dir, &folder, layout.defaults) {
             Ok(None) => {
-                tracing::debug!(folder = %dir.display(), "skipping folder without {SETTINGS_FILE} or *.onnx file");
+                not_a_model(&dir);
                 continue;
             }
             Ok(Some(s)) => Ok(s),
@@ -204,6 +210,24 @@ pub fn scan(layout: &Layout) -> Result<Vec<ModelDir>, String> {
     }
     dirs.sort_by(|a, b| a.folder.cmp(&b.folder));
     Ok(dirs)
+}
+
+/// Names, once per folder and process, a folder of the repository that is
+/// not a model folder, with why.
+fn not_a_model(dir: &Path) {
+    static NAMED: std::sync::Mutex<std::collections::BTreeSet<PathBuf>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let first = NAMED
+        .lock()
+        .map(|mut n| n.insert(dir.to_path_buf()))
+        .unwrap_or(false);
+    if first {
+        tracing::info!(
+            folder = %dir.display(),
+            "not a model folder, skipped: it holds no {SETTINGS_FILE}, no {}, no numbered version folder with a {} and no *.onnx file",
+            crate::triton::CONFIG_FILE, crate::triton::DEFAULT_MODEL_FILENAME
+        );
+    }
 }
 
 /// The root as the folder of the one model `name` (its settings' `name`, if

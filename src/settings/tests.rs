@@ -82,6 +82,8 @@ fn full_file_with_every_field() {
         batch_axes: Default::default(),
         declared: Declared::default(),
         unused: Vec::new(),
+        ignored: Vec::new(),
+        triton_config: None,
     };
     assert_eq!(s, expected);
 }

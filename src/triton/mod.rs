@@ -1,0 +1,152 @@
+//! Triton's model repository layout: a model folder with a `config.pbtxt`
+//! (or none: the configuration then comes from the ONNX file, as Triton's
+//! auto-complete does) and numbered version folders, `<model>/<n>/model.onnx`.
+//! `config` reads the configuration, `mapping` turns it into sluice's
+//! settings, and this file picks the version folder that serves.
+//! Blocking file reads; no state.
+
+pub mod config;
+pub mod mapping;
+
+use std::path::{Path, PathBuf};
+
+use crate::protocol::grpc::inference::{model_version_policy::PolicyChoice, ModelConfig};
+use crate::settings::{ModelDefaults, ModelSettings};
+
+/// The configuration file of a Triton model folder.
+pub const CONFIG_FILE: &str = "config.pbtxt";
+
+/// The model file of a version folder when the configuration names none.
+pub const DEFAULT_MODEL_FILENAME: &str = "model.onnx";
+
+/// Whether `dir` is a Triton model folder: it holds a `config.pbtxt`, or a
+/// numbered folder with an ONNX file in it.
+pub fn is_model_folder(dir: &Path) -> bool {
+    dir.join(CONFIG_FILE).exists()
+        || !versions(dir, DEFAULT_MODEL_FILENAME)
+            .unwrap_or_default()
+            .is_empty()
+}
+
+/// Reads the Triton model folder `dir` (model `name`): its configuration,
+/// and the settings of the version that serves. Messages name the file.
+pub fn read_folder(dir: &Path, name: &str, defaults: &ModelDefaults) -> Result<ModelSettings, String> {
+    let file = dir.join(CONFIG_FILE);
+    let config = match read_config(&file) {
+        Ok(text) => config::from_text(&text).map_err(|e| format!("{}: {e}", file.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => ModelConfig::default(),
+        Err(e) => return Err(format!("{}: {e}", file.display())),
+    };
+    settings_for(dir, name, &config, defaults).map_err(|e| match dir.join(CONFIG_FILE).exists() {
+        true => format!("{}: {e}", file.display()),
+        false => format!("{}: {e}", dir.display()),
+    })
+}
+
+/// The settings of the version of `dir` that serves under `config` (what a
+/// model-control `load` with a configuration override also reads).
+pub fn settings_for(
+    dir: &Path,
+    name: &str,
+    config: &ModelConfig,
+    defaults: &ModelDefaults,
+) -> Result<ModelSettings, String> {
+    let filename = match config.default_model_filename.as_str() {
+        "" => DEFAULT_MODEL_FILENAME,
+        f => f,
+    };
+    let on_disk = versions(dir, filename).map_err(|e| e.to_string())?;
+    let chosen = select(&on_disk, config)?;
+    let Some(&version) = chosen.last() else {
+        let found: Vec<String> = on_disk.iter().map(u64::to_string).collect();
+        return Err(match found.is_empty() {
+            true => format!("no version folder holds `{filename}`: put the model at `1/{filename}`"),
+            false => format!(
+                "`version_policy` selects none of the versions on disk ({}); change `version_policy` or add the version",
+                found.join(", ")
+            ),
+        });
+    };
+    let uri = PathBuf::from(version.to_string()).join(filename);
+    let mut settings = mapping::settings(config, name, &version.to_string(), &uri, defaults)?;
+    if chosen.len() > 1 {
+        let rest: Vec<String> = chosen[..chosen.len() - 1].iter().map(u64::to_string).collect();
+        settings.ignored.push(format!(
+            "`version_policy` selects versions {} as well: only the highest selected version ({version}) serves",
+            rest.join(", ")
+        ));
+    }
+    settings.triton_config = Some(config::to_json(config));
+    Ok(settings)
+}
+
+/// A `config.pbtxt`'s text; one over 4 MiB is refused (Triton's are a few KiB).
+fn read_config(file: &Path) -> std::io::Result<String> {
+    const LIMIT: u64 = 4 << 20;
+    let meta = std::fs::metadata(file)?;
+    if !meta.is_file() || meta.len() > LIMIT {
+        return Err(std::io::Error::other(format!(
+            "not a regular file of at most {} MiB",
+            LIMIT >> 20
+        )));
+    }
+    std::fs::read_to_string(file)
+}
+
+/// The numbered folders of `dir` holding `filename`, ascending.
+fn versions(dir: &Path, filename: &str) -> std::io::Result<Vec<u64>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        // Triton's versions are positive integers with no sign or padding.
+        let Ok(v) = name.parse::<u64>() else { continue };
+        if v == 0 || name.starts_with('0') || name.starts_with('+') {
+            continue;
+        }
+        if entry.path().join(filename).exists() {
+            out.push(v);
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// The versions `config.version_policy` selects among `on_disk` (ascending;
+/// Triton's default: the latest one).
+fn select(on_disk: &[u64], config: &ModelConfig) -> Result<Vec<u64>, String> {
+    let policy = config
+        .version_policy
+        .as_ref()
+        .and_then(|p| p.policy_choice.as_ref());
+    Ok(match policy {
+        None => on_disk.iter().rev().take(1).copied().collect(),
+        Some(PolicyChoice::Latest(l)) => {
+            if l.num_versions == 0 {
+                return Err("`version_policy.latest.num_versions` is 0: it must be 1 or more".into());
+            }
+            let mut v: Vec<u64> = on_disk
+                .iter()
+                .rev()
+                .take(l.num_versions as usize)
+                .copied()
+                .collect();
+            v.reverse();
+            v
+        }
+        Some(PolicyChoice::All(_)) => on_disk.to_vec(),
+        Some(PolicyChoice::Specific(s)) => {
+            if s.versions.iter().any(|v| *v <= 0) {
+                return Err("`version_policy.specific.versions` must be positive version numbers".into());
+            }
+            on_disk
+                .iter()
+                .copied()
+                .filter(|v| s.versions.contains(&(*v as i64)))
+                .collect()
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests;
