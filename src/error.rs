@@ -8,8 +8,9 @@ use std::time::Duration;
 /// Why a request failed. Every message names what was wrong.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
-    /// No model of that name (or version) is in the registry.
-    #[error("model `{0}` not found")]
+    /// No model of that name is in the registry. The text starts as
+    /// Triton's does: its clients match on it.
+    #[error("Request for unknown model: '{0}' is not found")]
     ModelNotFound(String),
     /// Something else that does not exist (a model version, a route).
     #[error("{0}")]

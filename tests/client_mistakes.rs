@@ -79,23 +79,33 @@ async fn a_huge_model_name_is_not_echoed_whole() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_load_with_a_configuration_is_refused_not_ignored() {
+async fn a_load_with_a_configuration_applies_it_until_the_next_load() {
     let repo = repo_with(&["scalar_out"]);
     let s = TestServer::start(repo.path()).await;
+    let (_, own) = s.get("/v2/models/scalar_out/config").await;
     let config = json!({"parameters": {"config": "{\"max_batch_size\": 4}"}});
     let (st, r) = s.post("/v2/repository/models/scalar_out/load", &config).await;
+    assert_eq!(st, 200, "{r}");
+    let (_, now) = s.get("/v2/models/scalar_out/config").await;
+    assert_eq!(now["max_batch_size"], 4, "{now}");
+    // A configuration that is not one: Triton's clients look for "failed to load".
+    let bad = json!({"parameters": {"config": "{\"max_batch_sise\": 4}"}});
+    let (st, r) = s.post("/v2/repository/models/scalar_out/load", &bad).await;
     assert_eq!(st, 400, "{r}");
     let message = error_message(&r);
     assert!(
-        message.contains("parameter `config`") && message.contains("model-settings.json"),
+        message.contains("failed to load") && message.contains("max_batch_sise"),
         "{message}"
     );
     let files = json!({"parameters": {"file:1/model.onnx": "AAAA"}});
     let (st, r) = s.post("/v2/repository/models/scalar_out/load", &files).await;
     assert_eq!(st, 400, "{r}");
-    // Without parameters (or with others) a load goes on as before.
+    assert!(error_message(&r).contains("`file:1/model.onnx`"), "{r}");
+    // A load without parameters goes back to the folder's own settings.
     let (st, r) = s.post("/v2/repository/models/scalar_out/load", &json!({})).await;
     assert_eq!(st, 200, "{r}");
+    let (_, back) = s.get("/v2/models/scalar_out/config").await;
+    assert_eq!(back["max_batch_size"], own["max_batch_size"], "{back}");
     let (st, r) = s
         .post_raw("/v2/repository/models/scalar_out/load", Vec::new())
         .await;
@@ -104,7 +114,7 @@ async fn a_load_with_a_configuration_is_refused_not_ignored() {
     let parameters = HashMap::from([(
         "config".to_string(),
         ModelRepositoryParameter {
-            parameter_choice: Some(ParameterChoice::StringParam("{}".into())),
+            parameter_choice: Some(ParameterChoice::StringParam("{nope".into())),
         },
     )]);
     let err = c
@@ -116,6 +126,6 @@ async fn a_load_with_a_configuration_is_refused_not_ignored() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-    assert!(err.message().contains("parameter `config`"), "{err:?}");
+    assert!(err.message().contains("failed to load 'scalar_out'"), "{err:?}");
     s.stop().await.unwrap();
 }

@@ -122,7 +122,7 @@ fn cases() -> Vec<Case> {
         // JSON text is UTF-8 and so must ONNX strings be: non-UTF-8 BYTES cannot get past the parser.
         post_raw("lone surrogate", V2, surrogate.to_vec(), 400, &["invalid JSON"]),
         post_raw("raw non-UTF-8", V2, b"{\"inputs\": [{\"name\": \"\xff\xfe\"}]}".to_vec(), 400, &["invalid JSON"]),
-        post("unknown model", "/v2/models/nope/infer", good.clone(), 404, &["`nope`", "not found"]),
+        post("unknown model", "/v2/models/nope/infer", good.clone(), 404, &["Request for unknown model: 'nope' is not found"]),
         post("V1 unknown model", "/v1/models/nope:predict", one.clone(), 404, &["`nope`"]),
         get("unknown route", "/v3/models", 404, &["/v3/models"]),
         post("V1 unknown verb", "/v1/models/digits:explain", one.clone(), 404, &[":explain"]),

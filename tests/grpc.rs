@@ -183,7 +183,7 @@ async fn errors_carry_the_right_status_and_name_the_problem() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
-    assert_eq!(e.message(), "model `nope` not found");
+    assert_eq!(e.message(), "Request for unknown model: 'nope' is not found");
     // An extension sluice does not serve is the client's mistake, not the server's.
     let mut shm = infer_request("mlp", "input", &[1, 784], &[0.0; 784]);
     shm.raw_input_contents.clear();

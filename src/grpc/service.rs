@@ -319,12 +319,19 @@ impl GrpcInferenceService for InferenceService {
         self.state.allow(&req, Scope::Control)?;
         let req = req.into_inner();
         let name = req.model_name;
-        let keys = req.parameters.keys().map(String::as_str);
-        crate::repository::refuse_load_parameters(&name, keys).map_err(|e| status(&e))?;
+        use crate::protocol::grpc::inference::model_repository_parameter::ParameterChoice;
+        let params = req.parameters.iter().map(|(k, v)| {
+            let text = match &v.parameter_choice {
+                Some(ParameterChoice::StringParam(s)) => Some(s.as_str()),
+                _ => None,
+            };
+            (k.as_str(), text)
+        });
+        let config = crate::repository::load_parameters(&name, params).map_err(|e| status(&e))?;
         ok(self
             .state
             .repository
-            .load(&name)
+            .load(&name, config)
             .await
             .map(|()| RepositoryModelLoadResponse {}))
     }

@@ -282,6 +282,7 @@ pub async fn repository_load(
     body: axum::body::Bytes,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     // The body is optional (`{}` or nothing); its `parameters` are checked.
+    let mut config = None;
     if !body.iter().all(u8::is_ascii_whitespace) {
         let parsed: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
             crate::error::Error::invalid(format!(
@@ -289,13 +290,13 @@ pub async fn repository_load(
                 crate::error::clip(&name)
             ))
         })?;
-        let keys = parsed["parameters"]
+        let params = parsed["parameters"]
             .as_object()
             .into_iter()
-            .flat_map(|p| p.keys().map(String::as_str));
-        crate::repository::refuse_load_parameters(&name, keys)?;
+            .flat_map(|p| p.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        config = crate::repository::load_parameters(&name, params)?;
     }
-    state.repository.load(&name).await?;
+    state.repository.load(&name, config).await?;
     Ok(Json(serde_json::json!({})))
 }
 

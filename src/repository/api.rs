@@ -12,7 +12,22 @@ use crate::model::state::ModelState;
 use crate::settings::validate_model_name;
 
 impl Repository {
-    pub(super) async fn api_load(&mut self, name: &str) -> Result<(), Error> {
+    pub(super) async fn api_load(&mut self, name: &str, config: Option<String>) -> Result<(), Error> {
+        let config = match config {
+            None => None,
+            Some(json) => Some(crate::triton::config::from_json(&json).map_err(|e| {
+                Error::invalid(format!(
+                    "failed to load '{name}': the `config` parameter is not a model configuration: {e}"
+                ))
+            })?),
+        };
+        check_name(name)?;
+        // The override stands in for the folder's configuration from now on;
+        // a load without one goes back to the folder's own.
+        match config {
+            Some(c) => self.overrides.insert(name.to_string(), c),
+            None => self.overrides.remove(name),
+        };
         let (md, now) = self.find_folder(name).await?;
         if let Some(t) = self.tracked.get_mut(&md.folder) {
             t.pinned_unloaded = false;
@@ -81,32 +96,43 @@ impl Repository {
             .survey(move |d| d.name() == wanted || d.folder == wanted || Some(&d.folder) == tracked.as_ref())
             .await
             .map_err(Error::invalid)?;
-        found
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::NotFound(format!("model `{name}`: no folder of the repository holds it")))
+        found.into_iter().next().ok_or_else(|| {
+            Error::NotFound(format!(
+                "failed to load '{name}': no folder of the repository holds it"
+            ))
+        })
     }
 }
 
-/// Refuses the parameters of a load request that Triton defines and sluice
-/// does not serve: `config` (a model configuration to load with) and
-/// `file:<path>` (model files sent in the request). Loading without them
-/// would answer 200 for a model that is not the one asked for. Other
-/// parameters are ignored, as Triton ignores the ones it does not know.
-pub fn refuse_load_parameters<'a>(name: &str, keys: impl IntoIterator<Item = &'a str>) -> Result<(), Error> {
-    for key in keys {
-        let what = match key {
-            "config" => "a model configuration to load with",
-            k if k.starts_with("file:") => "model files sent with the request",
-            _ => continue,
-        };
-        return Err(Error::invalid(format!(
-            "load of `{}`: parameter `{key}` ({what}) is not supported: sluice loads the model folder as it is \
-             on disk; edit its model-settings.json or files, then load",
-            crate::error::clip(name)
-        )));
+/// The parameters of a load request: `config` (a model configuration, JSON,
+/// that stands in for the folder's own) is returned; `file:<path>` (model
+/// files sent in the request) is refused: sluice serves the files on disk,
+/// and the repository folder is the one place a model's files are written.
+/// Other parameters are ignored, as Triton ignores the ones it does not know.
+pub fn load_parameters<'a>(
+    name: &str,
+    params: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+) -> Result<Option<String>, Error> {
+    let mut config = None;
+    for (key, value) in params {
+        if key.starts_with("file:") {
+            return Err(Error::invalid(format!(
+                "failed to load '{}': parameter `{key}` (model files sent with the request) is not supported: \
+                 sluice serves the files of the repository folder; write them there, then load",
+                crate::error::clip(name)
+            )));
+        }
+        if key == "config" {
+            let Some(json) = value else {
+                return Err(Error::invalid(format!(
+                    "failed to load '{}': parameter `config` must be a string holding the model configuration as JSON",
+                    crate::error::clip(name)
+                )));
+            };
+            config = Some(json.to_string());
+        }
     }
-    Ok(())
+    Ok(config)
 }
 
 /// A repository API name must be a plain model name, not a path.

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
-pub use api::refuse_load_parameters;
+pub use api::load_parameters;
 pub use load::{check_loaded, Checked};
 pub use registry::{ModelEntry, ReadyRule, Registry};
 
@@ -48,9 +48,11 @@ use scan::ModelDir;
 enum Command {
     /// The folder changed (from the watcher): rescan everything.
     Rescan,
-    /// Repository API: (re)load the model of this name.
+    /// Repository API: (re)load the model of this name, with this
+    /// configuration (JSON, Triton's `config` parameter) if given.
     Load {
         name: String,
+        config: Option<String>,
         reply: oneshot::Sender<Result<(), Error>>,
     },
     /// Repository API: unload the model of this name.
@@ -89,11 +91,14 @@ impl RepositoryHandle {
     }
 
     /// Loads (or reloads, if its folder changed) the model `name`; a model
-    /// unloaded through [`RepositoryHandle::unload`] serves again.
-    pub async fn load(&self, name: &str) -> Result<(), Error> {
+    /// unloaded through [`RepositoryHandle::unload`] serves again. `config`:
+    /// a model configuration (JSON) that stands in for the folder's own until
+    /// the next load without one.
+    pub async fn load(&self, name: &str, config: Option<String>) -> Result<(), Error> {
         let (reply, rx) = oneshot::channel();
         let _ = self.commands.send(Command::Load {
             name: name.to_string(),
+            config,
             reply,
         });
         rx.await.map_err(|_| Error::ShuttingDown)?
@@ -152,6 +157,8 @@ pub struct Repository {
     device_totals: Option<Vec<u64>>,
     /// Why the load running now was asked for (`sluice_model_loads_total`'s `reason`).
     reason: LoadReason,
+    /// Configurations given with a model-control load, by folder.
+    overrides: scan::Overrides,
 }
 
 /// Why a model loads (`sluice_model_loads_total{reason}`).
@@ -197,6 +204,7 @@ impl Repository {
             residency: crate::config::Residency::default(),
             device_totals: None,
             reason: LoadReason::Start,
+            overrides: scan::Overrides::new(),
         }
     }
 
@@ -256,10 +264,10 @@ impl Repository {
                     tracing::error!(error = %e, "cannot rescan the model repository");
                 }
             }
-            Command::Load { name, reply } => {
+            Command::Load { name, config, reply } => {
                 let what = format!("loading `{name}`");
                 self.reason = LoadReason::Api;
-                let r = supervised(&what, self.api_load(&name)).await;
+                let r = supervised(&what, self.api_load(&name, config)).await;
                 self.reason = LoadReason::Reload;
                 let _ = reply.send(r.and_then(|r| r));
             }
@@ -328,6 +336,7 @@ impl Repository {
         F: Fn(&ModelDir) -> bool + Send + 'static,
     {
         let (root, model_name, defaults) = (self.root.clone(), self.model_name.clone(), self.defaults);
+        let overrides = self.overrides.clone();
         let previous: BTreeMap<String, FileStamp> = self
             .tracked
             .iter()
@@ -338,6 +347,7 @@ impl Repository {
                 root: &root,
                 model_name: model_name.as_deref(),
                 defaults: &defaults,
+                overrides: &overrides,
             };
             let dirs = scan::scan(&layout)?.into_iter().filter(|d| keep(d));
             Ok(dirs

@@ -123,7 +123,7 @@ impl Registry {
             if entry.version.as_deref() != Some(v) {
                 let have = entry.version.as_deref().unwrap_or("none");
                 return Err(Error::NotFound(format!(
-                    "model `{name}` has no version `{v}` (available version: {have})"
+                    "Request for unknown model: '{name}' version {v} is not found (available version: {have})"
                 )));
             }
         }

@@ -35,7 +35,13 @@ pub struct Layout<'a> {
     /// `--model-name`: the root is the folder of this one model.
     pub model_name: Option<&'a str>,
     pub defaults: &'a ModelDefaults,
+    /// Model configurations given with a model-control `load` (Triton's
+    /// `config` parameter), by folder: they stand in for the folder's own.
+    pub overrides: &'a Overrides,
 }
+
+/// Configuration overrides by folder name (see [`Layout::overrides`]).
+pub type Overrides = std::collections::BTreeMap<String, crate::protocol::grpc::inference::ModelConfig>;
 
 /// Reads and validates the model folder `dir` of the repository `root`
 /// (`folder`: the model's name when its settings give none):
@@ -194,7 +200,11 @@ pub fn scan(layout: &Layout) -> Result<Vec<ModelDir>, String> {
         if outside_repository(root, &dir).is_some() {
             continue;
         }
-        let settings = match read_folder(root, &dir, &folder, layout.defaults) {
+        let read = match layout.overrides.get(&folder) {
+            Some(config) => overridden(root, &dir, &folder, config, layout.defaults).map(Some),
+            None => read_folder(root, &dir, &folder, layout.defaults),
+        };
+        let settings = match read {
             Ok(None) => {
                 not_a_model(&dir);
                 continue;
@@ -210,6 +220,27 @@ pub fn scan(layout: &Layout) -> Result<Vec<ModelDir>, String> {
     }
     dirs.sort_by(|a, b| a.folder.cmp(&b.folder));
     Ok(dirs)
+}
+
+/// The settings of folder `dir` under a configuration given with a load: a
+/// Triton folder's version folders are read as usual; a `model-settings.json`
+/// folder keeps its model file.
+fn overridden(
+    root: &Path,
+    dir: &Path,
+    folder: &str,
+    config: &crate::protocol::grpc::inference::ModelConfig,
+    defaults: &ModelDefaults,
+) -> Result<ModelSettings, String> {
+    if crate::triton::is_model_folder(dir) {
+        return crate::triton::settings_for(dir, folder, config, defaults);
+    }
+    let on_disk = read_folder(root, dir, folder, defaults)?
+        .ok_or_else(|| format!("{}: not a model folder", dir.display()))?;
+    let version = on_disk.version.clone().unwrap_or_else(|| "1".into());
+    let mut s = crate::triton::mapping::settings(config, folder, &version, &on_disk.uri, defaults)?;
+    s.triton_config = Some(crate::triton::config::to_json(config));
+    Ok(s)
 }
 
 /// Names, once per folder and process, a folder of the repository that is
@@ -289,10 +320,12 @@ mod tests {
     }
 
     fn layout<'a>(root: &'a Path, model_name: Option<&'a str>, defaults: &'a ModelDefaults) -> Layout<'a> {
+        static NONE: Overrides = Overrides::new();
         Layout {
             root,
             model_name,
             defaults,
+            overrides: &NONE,
         }
     }
 

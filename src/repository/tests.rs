@@ -257,7 +257,7 @@ async fn api_load_answers_each_refusal_with_its_kind_and_the_last_good_version_s
     ];
     for (file, kind, needle) in cases {
         std::fs::write(f.path("m/model.onnx"), file).unwrap();
-        let err = f.repo.load("m").await.unwrap_err();
+        let err = f.repo.load("m", None).await.unwrap_err();
         assert_eq!(err.kind(), kind, "{file}: {err}");
         assert!(err.to_string().contains(needle), "{file}: {err}");
         // Files are named relative to the repository.
@@ -272,13 +272,13 @@ async fn api_load_answers_each_refusal_with_its_kind_and_the_last_good_version_s
         );
     }
     std::fs::write(f.path("m/model-settings.json"), r#"{"max_batch_sise": 4}"#).unwrap();
-    let err = f.repo.load("m").await.unwrap_err();
+    let err = f.repo.load("m", None).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
     assert!(err.to_string().contains("m/model-settings.json"), "{err}");
     // Fixed: the load succeeds and the task still takes commands.
     std::fs::write(f.path("m/model-settings.json"), "{}").unwrap();
     std::fs::write(f.path("m/model.onnx"), "k=7").unwrap();
-    f.repo.load("m").await.unwrap();
+    f.repo.load("m", None).await.unwrap();
     assert_eq!(f.multiplier().await, Some(7.0));
     f.repo.unload("m").await.unwrap();
     assert_eq!(f.multiplier().await, None);

@@ -500,10 +500,37 @@ fn to_value(t: &Tensor) -> Result<SessionInputValue<'_>, RuntimeError> {
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            OrtTensor::from_string_array((shape.to_vec(), &strings[..])).map(SessionInputValue::from)
+            match strings.iter().any(|s| s.contains('\0')) {
+                false => {
+                    OrtTensor::from_string_array((shape.to_vec(), &strings[..])).map(SessionInputValue::from)
+                }
+                true => strings_with_nul(shape, &strings).map(SessionInputValue::from),
+            }
         }
     };
     made.map_err(RuntimeError::Run)
+}
+
+/// A string tensor some of whose elements hold a NUL byte: ort's
+/// `from_string_array` passes C strings, which end at the first NUL, so each
+/// element is written by its length (`GetResizedStringTensorElementBuffer`).
+fn strings_with_nul(shape: &[usize], strings: &[String]) -> Result<ort::value::DynTensor, ort::Error> {
+    use ort::AsPointer as _;
+    let allocator = ort::memory::Allocator::default();
+    let mut tensor = ort::value::DynTensor::new(&allocator, TensorElementType::String, shape.to_vec())?;
+    for (i, s) in strings.iter().enumerate() {
+        let mut buffer: *mut std::ffi::c_char = std::ptr::null_mut();
+        // SAFETY: the tensor is a string tensor of `strings.len()` elements
+        // (its shape's product); ONNX Runtime sizes element `i` to `s.len()`
+        // bytes and returns its buffer, which is written once, in bounds.
+        unsafe {
+            let status =
+                (ort::api().GetResizedStringTensorElementBuffer)(tensor.ptr_mut(), i, s.len(), &mut buffer);
+            ort::Error::result_from_status(status)?;
+            std::ptr::copy_nonoverlapping(s.as_ptr(), buffer.cast::<u8>(), s.len());
+        }
+    }
+    Ok(tensor)
 }
 
 /// A failed run. ONNX Runtime's `INVALID_ARGUMENT` is a kernel's verdict on

@@ -255,7 +255,7 @@ async fn the_api_loads_a_model_on_disk_and_an_unloaded_one_stays_unloaded() {
     f.ask("a").await.unwrap();
     f.ask("b").await.unwrap();
     // An API load makes room as a request's load does.
-    f.repo.load("c").await.unwrap();
+    f.repo.load("c", None).await.unwrap();
     assert_eq!(f.resident(), ["b", "c"]);
     // An API unload is not undone by a request.
     f.repo.unload("b").await.unwrap();
@@ -267,7 +267,7 @@ async fn the_api_loads_a_model_on_disk_and_an_unloaded_one_stays_unloaded() {
     );
     assert_eq!(f.loads(), 3);
     // Until the API loads it again.
-    f.repo.load("b").await.unwrap();
+    f.repo.load("b", None).await.unwrap();
     assert_eq!(f.ask("b").await.unwrap(), 3.0);
 }
 
