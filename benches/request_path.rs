@@ -131,7 +131,8 @@ async fn idle_rss(exe: &Path, work: &Path, lib: &Path) -> Result<(u64, Duration)
 
 /// Median µs of `decode_request` on `body` (no binary header), each call timed.
 fn decode_median_us(body: &[u8], runs: usize) -> Result<f64> {
-    let decode = || sluice::protocol::v2_binary::decode_request(body, None);
+    let decode =
+        || sluice::protocol::v2_binary::decode_request(body, None, &sluice::protocol::shm::NoRegions);
     decode().map_err(|e| anyhow!("the decoder refused the body: {e}"))?;
     for _ in 0..runs.div_ceil(10) {
         std::hint::black_box(decode().is_ok());

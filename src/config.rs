@@ -48,6 +48,22 @@ pub struct Config {
     pub auth: AuthConfig,
     pub tls: TlsConfig,
     pub tracing: TracingConfig,
+    pub shared_memory: SharedMemoryConfig,
+}
+
+/// `[shared_memory]`: Triton's system shared-memory extension.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SharedMemoryConfig {
+    /// Whether clients may register system shared-memory regions (any POSIX
+    /// shared-memory object the server's user can open); off, a register is refused.
+    pub enabled: bool,
+}
+
+impl Default for SharedMemoryConfig {
+    fn default() -> Self {
+        SharedMemoryConfig { enabled: true }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

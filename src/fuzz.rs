@@ -42,10 +42,10 @@ pub const TARGETS: [(&str, Target); 5] = [
 
 /// A V2 REST body without `Inference-Header-Content-Length`: all JSON.
 pub fn v2_json(data: &[u8]) {
-    let decoded = v2_binary::decode_request(data, None);
+    let decoded = v2_binary::decode_request(data, None, &crate::protocol::shm::NoRegions);
     // The one-pass reader takes a body only as serde_json's way reads it.
     if let Ok(one_pass) = &decoded {
-        let careful = v2_binary::decode_request_serde(data, None)
+        let careful = v2_binary::decode_request_serde(data, None, &crate::protocol::shm::NoRegions)
             .expect("a body the one-pass reader took is one serde_json's way takes");
         // Through `Debug`, so that -0.0 and 0.0 differ.
         let same = format!("{:?}", one_pass.request) == format!("{:?}", careful.request);
@@ -67,7 +67,7 @@ pub fn v2_binary(data: &[u8]) {
         return;
     };
     let (header, body) = (&data[..nl], &data[nl + 1..]);
-    if let Ok(decoded) = v2_binary::decode_request(body, Some(header)) {
+    if let Ok(decoded) = v2_binary::decode_request(body, Some(header), &crate::protocol::shm::NoRegions) {
         serve_all(&decoded.request, &decoded.outputs);
     }
 }
@@ -279,7 +279,7 @@ fn binary_reads_back(resp: &InferResponse) {
     let mut body = serde_json::to_vec(&json!({ "inputs": header["outputs"].take() })).expect("serializes");
     let len = body.len().to_string();
     body.extend_from_slice(&out.body[json_len..]);
-    let back = v2_binary::decode_request(&body, Some(len.as_bytes()))
+    let back = v2_binary::decode_request(&body, Some(len.as_bytes()), &crate::protocol::shm::NoRegions)
         .unwrap_or_else(|e| panic!("a binary response does not read back as a request: {e}"));
     assert_eq!(back.request.inputs.len(), resp.outputs.len());
     for (a, b) in back.request.inputs.iter().zip(&resp.outputs) {
@@ -329,7 +329,7 @@ fn all_binary() -> &'static OutputEncoding {
     static ALL: OnceLock<OutputEncoding> = OnceLock::new();
     ALL.get_or_init(|| {
         let body = br#"{"inputs": [], "parameters": {"binary_data_output": true}}"#;
-        v2_binary::decode_request(body, None)
+        v2_binary::decode_request(body, None, &crate::protocol::shm::NoRegions)
             .expect("a valid request")
             .outputs
     })

@@ -36,6 +36,7 @@ pub mod protocol;
 pub mod repository;
 pub mod runtime;
 pub mod settings;
+pub mod shm;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tensor;
@@ -135,6 +136,7 @@ impl Server {
             max_body_bytes: config.http.max_body_bytes,
             access: access::Access::from_config(&config),
             budget: budget::ByteBudget::from_config(&config),
+            shm: Arc::new(shm::SharedMemory::new(config.shared_memory.enabled)),
         });
         Ok(Server {
             config,
@@ -242,6 +244,7 @@ async fn serve_ports(
         max_outstanding_per_stream: config.grpc.max_outstanding_per_stream,
         access: access::Access::from_config(config),
         budget: state.budget.clone(),
+        shm: state.shm.clone(),
     };
     let grpc_port = transport::Port {
         name: "gRPC",

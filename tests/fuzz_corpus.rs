@@ -59,7 +59,7 @@ fn json_seeds() -> Vec<(String, Value, Vec<Tensor>)> {
         })
         .filter_map(|path| {
             let data = std::fs::read(&path).ok()?;
-            let decoded = v2_binary::decode_request(&data, None).ok()?;
+            let decoded = v2_binary::decode_request(&data, None, &sluice::protocol::shm::NoRegions).ok()?;
             let stem = path
                 .file_stem()?
                 .to_string_lossy()

@@ -14,7 +14,15 @@ const LAYERS: &[&[&str]] = &[
     // Triton's model configuration, mapped onto settings.
     &["triton"],
     &["config"],
-    &["metrics", "budget", "access", "shutdown", "tls", "telemetry"],
+    &[
+        "metrics",
+        "budget",
+        "access",
+        "shutdown",
+        "tls",
+        "telemetry",
+        "shm",
+    ],
     // Both ports' connections (HTTP and gRPC plug their services in).
     &["transport"],
     &["runtime"],

@@ -8,6 +8,7 @@
 //! [`service`] as its service.
 
 mod service;
+mod shm;
 pub mod status;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,6 +42,8 @@ pub struct GrpcState {
     pub access: crate::access::Access,
     /// Bytes held by accepted requests, shared with the HTTP port.
     pub budget: crate::budget::ByteBudget,
+    /// The registered shared-memory regions, shared with the HTTP port.
+    pub shm: std::sync::Arc<crate::shm::SharedMemory>,
 }
 
 impl GrpcState {

@@ -23,7 +23,6 @@ use crate::protocol::grpc::inference::repository_index_response::ModelIndex;
 use crate::protocol::grpc::inference::*;
 use crate::protocol::grpc::non_empty;
 use crate::protocol::v2::{ModelMetadata, ServerMetadata};
-use crate::protocol::InferRequest;
 use crate::telemetry::{self, Parent};
 
 /// The caller's trace from a call's `traceparent` / `tracestate` metadata.
@@ -65,10 +64,11 @@ impl InferenceService {
                 .registry
                 .serve(&name, non_empty(&req.model_version), arrival)
                 .await?;
-            let request = InferRequest::try_from(req)?;
+            let (request, in_shm) = crate::protocol::grpc::decode_request(req, &*self.state.shm)?;
             let _decoded = self.state.budget.reserve_decoded(request.heap_bytes(), message)?;
             let resp = model.infer(request, arrival).await?;
-            let answer = telemetry::encode(|| ModelInferResponse::from(&resp));
+            self.state.shm.write_outputs(&resp, &in_shm)?;
+            let answer = telemetry::encode(|| crate::protocol::grpc::encode_response(&resp, &in_shm));
             let bytes = self.state.budget.charge(prost::Message::encoded_len(&answer));
             Ok((answer, HeldUntilSent::new(held, bytes)))
         }
@@ -348,5 +348,54 @@ impl GrpcInferenceService for InferenceService {
             .unload(&name)
             .await
             .map(|()| RepositoryModelUnloadResponse {}))
+    }
+    async fn system_shared_memory_status(
+        &self,
+        req: Request<SystemSharedMemoryStatusRequest>,
+    ) -> Answer<SystemSharedMemoryStatusResponse> {
+        self.state.allow(&req, Scope::Inference)?;
+        ok(super::shm::status(&self.state.shm, &req.into_inner().name))
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        req: Request<SystemSharedMemoryRegisterRequest>,
+    ) -> Answer<SystemSharedMemoryRegisterResponse> {
+        self.state.allow(&req, Scope::Inference)?;
+        ok(super::shm::register(&self.state.shm, req.into_inner()))
+    }
+
+    async fn system_shared_memory_unregister(
+        &self,
+        req: Request<SystemSharedMemoryUnregisterRequest>,
+    ) -> Answer<SystemSharedMemoryUnregisterResponse> {
+        self.state.allow(&req, Scope::Inference)?;
+        let name = req.into_inner().name;
+        self.state.shm.unregister(non_empty(&name));
+        Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
+    }
+
+    async fn cuda_shared_memory_status(
+        &self,
+        req: Request<CudaSharedMemoryStatusRequest>,
+    ) -> Answer<CudaSharedMemoryStatusResponse> {
+        self.state.allow(&req, Scope::Inference)?;
+        ok(super::shm::cuda_status(&req.into_inner().name))
+    }
+
+    async fn cuda_shared_memory_register(
+        &self,
+        req: Request<CudaSharedMemoryRegisterRequest>,
+    ) -> Answer<CudaSharedMemoryRegisterResponse> {
+        self.state.allow(&req, Scope::Inference)?;
+        Err(status(&crate::shm::cuda_refused(&req.into_inner().name)))
+    }
+
+    async fn cuda_shared_memory_unregister(
+        &self,
+        req: Request<CudaSharedMemoryUnregisterRequest>,
+    ) -> Answer<CudaSharedMemoryUnregisterResponse> {
+        self.state.allow(&req, Scope::Inference)?;
+        Ok(Response::new(CudaSharedMemoryUnregisterResponse {}))
     }
 }

@@ -9,6 +9,7 @@
 mod error;
 mod health;
 mod request;
+mod shm;
 mod v1;
 mod v2;
 
@@ -109,6 +110,28 @@ fn router(state: AppState) -> Router {
         .route("/v2/repository/index", post(v2::repository_index))
         .route("/v2/repository/models/{name}/load", post(v2::repository_load))
         .route("/v2/repository/models/{name}/unload", post(v2::repository_unload))
+        .route("/v2/systemsharedmemory/status", get(shm::status_all))
+        .route("/v2/systemsharedmemory/region/{name}/status", get(shm::status))
+        .route(
+            "/v2/systemsharedmemory/region/{name}/register",
+            post(shm::register),
+        )
+        .route("/v2/systemsharedmemory/unregister", post(shm::unregister_all))
+        .route(
+            "/v2/systemsharedmemory/region/{name}/unregister",
+            post(shm::unregister),
+        )
+        .route("/v2/cudasharedmemory/status", get(shm::cuda_status_all))
+        .route("/v2/cudasharedmemory/region/{name}/status", get(shm::cuda_status))
+        .route(
+            "/v2/cudasharedmemory/region/{name}/register",
+            post(shm::cuda_register),
+        )
+        .route("/v2/cudasharedmemory/unregister", post(shm::cuda_unregister))
+        .route(
+            "/v2/cudasharedmemory/region/{name}/unregister",
+            post(shm::cuda_unregister),
+        )
         .route("/metrics", get(render_metrics))
         // After every route: it applies to the routes already added.
         .method_not_allowed_fallback(method_not_allowed)

@@ -58,6 +58,8 @@ pub struct SharedState {
     pub access: crate::access::Access,
     /// Bytes held by accepted requests, shared with the gRPC port; reserved by [`guard`].
     pub budget: crate::budget::ByteBudget,
+    /// The registered shared-memory regions, shared with the gRPC port.
+    pub shm: Arc<crate::shm::SharedMemory>,
 }
 
 impl SharedState {

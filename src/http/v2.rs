@@ -143,8 +143,9 @@ async fn answer_infer(
             .budget
             .reserve_binary_strings_bound(&bytes[..json_len], body_len - json_len)?;
         // The body is freed once decoded (the tensors own their data).
+        let shm = state.shm.clone();
         let decoded = request::decode_body(bytes, move |b| {
-            Ok(v2_binary::decode_request(&b, header_length.as_deref())?)
+            Ok(v2_binary::decode_request(&b, header_length.as_deref(), &*shm)?)
         })
         .await?;
         drop((bound, strings));
@@ -152,6 +153,7 @@ async fn answer_infer(
             .budget
             .reserve_decoded(decoded.request.heap_bytes(), body_len)?;
         let resp = model.infer(decoded.request, arrival).await?;
+        state.shm.write_outputs(&resp, &decoded.outputs.shm)?;
         let encoded = telemetry::encode(|| v2_binary::encode_response(&resp, &decoded.outputs));
         Ok(infer_response(encoded))
     }

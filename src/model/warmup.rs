@@ -190,7 +190,7 @@ pub fn samples(dir: &Path, model: &str, sig: &Signature) -> Result<Vec<Vec<Tenso
             f.file_name().unwrap_or_default().to_string_lossy()
         );
         let body = std::fs::read(&f).map_err(|e| format!("{shown}: {e}"))?;
-        let mut req = protocol::v2_binary::decode_request(&body, None)
+        let mut req = protocol::v2_binary::decode_request(&body, None, &protocol::shm::NoRegions)
             .map_err(|e| format!("{shown} is not a V2 inference request body: {e}"))?
             .request;
         protocol::validate(&mut req, model, sig)

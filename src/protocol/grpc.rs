@@ -9,6 +9,7 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 
+use super::shm::{self, NoRegions, Regions, ShmRef};
 use super::v2::{self, MetadataTensor, ModelMetadata};
 use super::{binary, InferRequest, InferResponse};
 use crate::error::Error;
@@ -39,39 +40,90 @@ fn refuse_unsupported(params: &HashMap<String, InferParameter>, what: &str) -> R
 impl TryFrom<ModelInferRequest> for InferRequest {
     type Error = Error;
 
-    /// Decodes the wire request; [`super::validate`] then checks it against the model.
+    /// Decodes the wire request, with no shared-memory region registered.
     fn try_from(req: ModelInferRequest) -> Result<Self, Error> {
-        refuse_unsupported(&req.parameters, "request")?;
-        let schedule = super::schedule_params(
-            int_param(&req.parameters, "timeout"),
-            int_param(&req.parameters, "priority"),
-        )?;
-        let raw = req.raw_input_contents;
-        if !raw.is_empty() && raw.len() != req.inputs.len() {
-            return Err(Error::invalid(format!(
-                "raw_input_contents has {} entries but the request has {} inputs; give one per input, in order",
-                raw.len(),
-                req.inputs.len()
-            )));
+        let (request, in_shm) = decode_request(req, &NoRegions)?;
+        match in_shm.into_iter().next() {
+            None => Ok(request),
+            Some((name, at)) => Err(shm::not_registered(&at.region, &format!("output `{name}`"))),
         }
-        let mut raw = raw.into_iter();
-        let inputs = req
-            .inputs
-            .into_iter()
-            .map(|input| decode_input(input, raw.next()))
-            .collect::<Result<_, _>>()?;
-        let mut outputs = Vec::with_capacity(req.outputs.len());
-        for o in req.outputs {
-            refuse_unsupported(&o.parameters, &format!("output `{}`", o.name))?;
-            outputs.push(o.name);
-        }
-        Ok(InferRequest {
-            id: non_empty(&req.id).map(str::to_string),
-            inputs,
-            outputs: (!outputs.is_empty()).then_some(outputs),
-            schedule,
-        })
     }
+}
+
+/// Decodes the wire request ([`super::validate`] then checks it against the
+/// model), reading inputs in shared memory from `regions`; also returns the
+/// requested outputs to be written to a region. `raw_input_contents` holds
+/// one entry per input that is not in shared memory, in order.
+pub fn decode_request(
+    req: ModelInferRequest,
+    regions: &dyn Regions,
+) -> Result<(InferRequest, HashMap<String, ShmRef>), Error> {
+    refuse_unsupported(&req.parameters, "request")?;
+    let schedule = super::schedule_params(
+        int_param(&req.parameters, "timeout"),
+        int_param(&req.parameters, "priority"),
+    )?;
+    let mut places = Vec::with_capacity(req.inputs.len());
+    for input in &req.inputs {
+        places.push(shm::from_grpc(
+            &input.parameters,
+            &format!("input `{}`", input.name),
+        )?);
+    }
+    let in_request = places.iter().filter(|p| p.is_none()).count();
+    let raw = req.raw_input_contents;
+    if !raw.is_empty() && raw.len() != in_request {
+        return Err(Error::invalid(format!(
+            "raw_input_contents has {} entries but the request has {in_request} inputs not in shared memory; \
+             give one per such input, in order",
+            raw.len(),
+        )));
+    }
+    let mut raw = raw.into_iter();
+    let inputs = req
+        .inputs
+        .into_iter()
+        .zip(places)
+        .map(|(input, place)| match place {
+            Some(at) => from_region(input, &at, regions),
+            None => decode_input(input, raw.next()),
+        })
+        .collect::<Result<_, _>>()?;
+    let mut outputs = Vec::with_capacity(req.outputs.len());
+    let mut in_shm = HashMap::new();
+    for o in req.outputs {
+        let what = format!("output `{}`", o.name);
+        refuse_unsupported(&o.parameters, &what)?;
+        if let Some(at) = shm::from_grpc(&o.parameters, &what)? {
+            in_shm.insert(o.name.clone(), at);
+        }
+        outputs.push(o.name);
+    }
+    let request = InferRequest {
+        id: non_empty(&req.id).map(str::to_string),
+        inputs,
+        outputs: (!outputs.is_empty()).then_some(outputs),
+        schedule,
+    };
+    Ok((request, in_shm))
+}
+
+/// An input whose bytes are in a shared-memory region.
+fn from_region(input: InferInputTensor, at: &ShmRef, regions: &dyn Regions) -> Result<Tensor, Error> {
+    let what = format!("input `{}`", input.name);
+    if input.contents.is_some() {
+        return Err(Error::invalid(format!(
+            "{what}: has both `contents` and `shared_memory_region`; send one of them"
+        )));
+    }
+    let dtype = v2::parse_datatype(&what, &input.datatype)?;
+    let (shape, _) = v2::parse_shape(&what, &input.shape)?;
+    let data = regions.read(at, &what, &mut |b| binary::decode(&what, dtype, &shape, b))?;
+    Ok(Tensor {
+        name: input.name,
+        shape,
+        data,
+    })
 }
 
 /// Parameter `key` as a non-negative integer (Triton's clients send
@@ -161,17 +213,45 @@ fn typed(what: &str, dtype: DataType, c: InferTensorContents) -> Result<TensorDa
 impl From<&InferResponse> for ModelInferResponse {
     /// Every output's elements go in `raw_output_contents`, in output order.
     fn from(resp: &InferResponse) -> Self {
+        encode_response(resp, &HashMap::new())
+    }
+}
+
+/// The wire response: every output's elements in `raw_output_contents`, in
+/// output order, but for the outputs written to a region (`in_shm`), whose
+/// entry is empty and whose parameters name the region and the bytes written.
+pub fn encode_response(resp: &InferResponse, in_shm: &HashMap<String, ShmRef>) -> ModelInferResponse {
+    {
         let mut outputs = Vec::with_capacity(resp.outputs.len());
         let mut raw = Vec::with_capacity(resp.outputs.len());
         for t in &resp.outputs {
+            let mut parameters = HashMap::new();
+            match in_shm.get(&t.name) {
+                Some(at) => {
+                    use inference::infer_parameter::ParameterChoice;
+                    let param = |c| InferParameter {
+                        parameter_choice: Some(c),
+                    };
+                    let size = i64::try_from(binary::encoded_len(&t.data)).unwrap_or(i64::MAX);
+                    parameters.insert(
+                        "shared_memory_region".to_string(),
+                        param(ParameterChoice::StringParam(at.region.clone())),
+                    );
+                    parameters.insert(
+                        "shared_memory_byte_size".to_string(),
+                        param(ParameterChoice::Int64Param(size)),
+                    );
+                    raw.push(Bytes::new());
+                }
+                None => raw.push(Bytes::from(binary::encode(&t.data))),
+            }
             outputs.push(InferOutputTensor {
                 name: t.name.clone(),
                 datatype: t.dtype().as_str().to_string(),
                 shape: t.shape.iter().map(|&d| d as i64).collect(),
-                parameters: HashMap::new(),
+                parameters,
                 contents: None,
             });
-            raw.push(Bytes::from(binary::encode(&t.data)));
         }
         ModelInferResponse {
             model_name: resp.model_name.to_string(),

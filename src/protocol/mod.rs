@@ -11,6 +11,7 @@ pub mod binary;
 pub mod grpc;
 mod json;
 pub mod model_config;
+pub mod shm;
 pub mod statistics;
 pub mod v1;
 pub mod v2;
@@ -214,7 +215,6 @@ pub(crate) fn refuse_unsupported<'a>(
 ) -> Result<(), Error> {
     for key in keys {
         let extension = match key.as_str() {
-            "shared_memory_region" | "shared_memory_byte_size" | "shared_memory_offset" => "shared-memory",
             "classification" => "classification",
             _ => continue,
         };

@@ -282,7 +282,8 @@ mod tests {
     }
 
     fn decode_text(text: &str) -> Result<InferRequest, Error> {
-        super::super::v2_binary::decode_request_serde(text.as_bytes(), None).map(|d| d.request)
+        super::super::v2_binary::decode_request_serde(text.as_bytes(), None, &crate::protocol::shm::NoRegions)
+            .map(|d| d.request)
     }
 
     /// The response as a client reads it: its text, parsed.

@@ -14,6 +14,7 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use super::json::{self, JsonElements};
+use super::shm::{self, Regions, ShmRef};
 use super::v2::{self, InferenceRequest, JsonResponse, RequestInput};
 use super::{binary, InferRequest, InferResponse};
 use crate::error::Error;
@@ -29,6 +30,8 @@ pub struct OutputEncoding {
     all: bool,
     /// Each requested output's own `binary_data`, when given.
     per_output: HashMap<String, bool>,
+    /// The requested outputs to be written to a shared-memory region.
+    pub shm: HashMap<String, ShmRef>,
 }
 
 impl OutputEncoding {
@@ -76,8 +79,13 @@ fn refuse_unsupported(params: Option<&Map<String, Value>>, what: &str) -> Result
 /// header (`header`, its raw value), decodes the JSON, and reads each binary
 /// input from the bytes after it. Every mismatch (a header larger than the
 /// body, a `binary_data_size` that does not fit, bytes no input claims) is a
-/// 400 naming the input and the byte counts.
-pub fn decode_request(body: &[u8], header: Option<&[u8]>) -> Result<DecodedRequest, Error> {
+/// 400 naming the input and the byte counts. An input in shared memory is
+/// read from `regions`.
+pub fn decode_request(
+    body: &[u8],
+    header: Option<&[u8]>,
+    regions: &dyn Regions,
+) -> Result<DecodedRequest, Error> {
     // The usual all-JSON body in one pass; anything else (and every error)
     // the serde way below.
     if header.is_none() {
@@ -88,12 +96,16 @@ pub fn decode_request(body: &[u8], header: Option<&[u8]>) -> Result<DecodedReque
             });
         }
     }
-    decode_request_serde(body, header)
+    decode_request_serde(body, header, regions)
 }
 
 /// [`decode_request`] through `serde_json` and [`v2::decode_input`]: every
 /// body, with the error messages.
-pub(crate) fn decode_request_serde(body: &[u8], header: Option<&[u8]>) -> Result<DecodedRequest, Error> {
+pub(crate) fn decode_request_serde(
+    body: &[u8],
+    header: Option<&[u8]>,
+    regions: &dyn Regions,
+) -> Result<DecodedRequest, Error> {
     let json_len = json_length(body, header)?;
     let (json, binary) = body.split_at(json_len);
     let wire: InferenceRequest = serde_json::from_slice(json).map_err(|e| match header {
@@ -111,6 +123,7 @@ pub(crate) fn decode_request_serde(body: &[u8], header: Option<&[u8]>) -> Result
         total: binary.len(),
         json_len,
         framed: header.is_some(),
+        regions,
     };
     let inputs = wire
         .inputs
@@ -127,6 +140,7 @@ pub(crate) fn decode_request_serde(body: &[u8], header: Option<&[u8]>) -> Result
     }
 
     let mut per_output = HashMap::new();
+    let mut in_shm = HashMap::new();
     let outputs = match wire.outputs {
         None => None,
         Some(outs) => {
@@ -136,6 +150,9 @@ pub(crate) fn decode_request_serde(body: &[u8], header: Option<&[u8]>) -> Result
                 refuse_unsupported(o.parameters.as_ref(), &what)?;
                 if let Some(b) = bool_param(o.parameters.as_ref(), "binary_data", &what)? {
                     per_output.insert(o.name.clone(), b);
+                }
+                if let Some(at) = shm::from_json(o.parameters.as_ref(), &what)? {
+                    in_shm.insert(o.name.clone(), at);
                 }
                 names.push(o.name);
             }
@@ -149,7 +166,11 @@ pub(crate) fn decode_request_serde(body: &[u8], header: Option<&[u8]>) -> Result
             outputs,
             schedule,
         },
-        outputs: OutputEncoding { all, per_output },
+        outputs: OutputEncoding {
+            all,
+            per_output,
+            shm: in_shm,
+        },
     })
 }
 
@@ -176,7 +197,7 @@ pub fn json_length(body: &[u8], header: Option<&[u8]>) -> Result<usize, Error> {
 }
 
 /// The binary data after a body's JSON part, taken by its inputs in order.
-struct Binary<'b> {
+struct Binary<'b, 'r> {
     /// What the inputs so far left.
     left: &'b [u8],
     /// All of it.
@@ -185,14 +206,33 @@ struct Binary<'b> {
     json_len: usize,
     /// Whether the body has a [`HEADER_LENGTH`] header (else it is all JSON).
     framed: bool,
+    /// The shared-memory regions inputs may be in.
+    regions: &'r dyn Regions,
 }
 
-impl Binary<'_> {
-    /// Decodes one input: from its JSON `data`, or from the next
-    /// `binary_data_size` bytes.
+impl Binary<'_, '_> {
+    /// Decodes one input: from its JSON `data`, from the next
+    /// `binary_data_size` bytes, or from a shared-memory region.
     fn input(&mut self, input: RequestInput<'_>) -> Result<Tensor, Error> {
         let what = format!("input `{}`", input.name);
         refuse_unsupported(input.parameters.as_ref(), &what)?;
+        if let Some(at) = shm::from_json(input.parameters.as_ref(), &what)? {
+            if input.data.is_some() || binary_size(&input, &what)?.is_some() {
+                return Err(Error::invalid(format!(
+                    "{what}: has `shared_memory_region` and also `data` or `binary_data_size`; send one of them"
+                )));
+            }
+            let dtype = v2::parse_datatype(&what, &input.datatype)?;
+            let (shape, _) = v2::parse_shape(&what, &input.shape)?;
+            let data = self
+                .regions
+                .read(&at, &what, &mut |b| binary::decode(&what, dtype, &shape, b))?;
+            return Ok(Tensor {
+                name: input.name,
+                shape,
+                data,
+            });
+        }
         let Some(size) = binary_size(&input, &what)? else {
             return v2::decode_input(input);
         };
@@ -296,9 +336,9 @@ pub fn encode_response(resp: &InferResponse, encoding: &OutputEncoding) -> Encod
     let binary: Vec<&Tensor> = resp
         .outputs
         .iter()
-        .filter(|t| encoding.is_binary(&t.name))
+        .filter(|t| encoding.is_binary(&t.name) && !encoding.shm.contains_key(&t.name))
         .collect();
-    if binary.is_empty() {
+    if binary.is_empty() && encoding.shm.is_empty() {
         let mut body = Vec::with_capacity(json_len_estimate(resp));
         JsonResponse::from(resp)
             .write_to(&mut body)
@@ -316,20 +356,33 @@ pub fn encode_response(resp: &InferResponse, encoding: &OutputEncoding) -> Encod
             .outputs
             .iter()
             .map(|t| {
-                let is_binary = encoding.is_binary(&t.name);
+                let in_shm = encoding.shm.get(&t.name);
+                let is_binary = in_shm.is_none() && encoding.is_binary(&t.name);
+                let parameters = match in_shm {
+                    Some(at) => Some(json!({
+                        "shared_memory_region": at.region,
+                        "shared_memory_byte_size": binary::encoded_len(&t.data),
+                    })),
+                    None => is_binary.then(|| json!({ "binary_data_size": binary::encoded_len(&t.data) })),
+                };
                 HeaderOutput {
                     name: &t.name,
                     datatype: t.dtype().as_str(),
                     shape: &t.shape,
-                    parameters: is_binary
-                        .then(|| json!({ "binary_data_size": binary::encoded_len(&t.data) })),
-                    data: (!is_binary).then(|| JsonElements::flat(&t.data)),
+                    parameters,
+                    data: (!is_binary && in_shm.is_none()).then(|| JsonElements::flat(&t.data)),
                 }
             })
             .collect(),
     };
     let mut body = Vec::new();
     serde_json::to_writer(&mut body, &header).expect("a response header serializes. This is a bug.");
+    if binary.is_empty() {
+        return EncodedResponse {
+            body,
+            header_length: None,
+        };
+    }
     let header_length = body.len();
     body.reserve(binary.iter().map(|t| binary::encoded_len(&t.data)).sum());
     for t in binary {

@@ -5,6 +5,7 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::error::ErrorKind;
+use crate::protocol::shm::NoRegions;
 use crate::tensor::TensorData;
 
 /// A body of `header` JSON followed by `binary`, and the header length as the
@@ -20,7 +21,7 @@ fn framed(header: Value, binary: &[&[u8]]) -> (Vec<u8>, String) {
 
 fn decode(header: Value, binary: &[&[u8]]) -> Result<DecodedRequest, Error> {
     let (body, len) = framed(header, binary);
-    decode_request(&body, Some(len.as_bytes()))
+    decode_request(&body, Some(len.as_bytes()), &NoRegions)
 }
 
 fn invalid(r: Result<DecodedRequest, Error>) -> String {
@@ -67,7 +68,7 @@ fn a_plain_json_body_needs_no_header() {
     let body = serde_json::to_vec(&json!({"inputs": [
         {"name": "x", "shape": [1], "datatype": "FP32", "data": [0.5]}]}))
     .unwrap();
-    let d = decode_request(&body, None).unwrap();
+    let d = decode_request(&body, None, &NoRegions).unwrap();
     assert_eq!(d.request.inputs[0].data, TensorData::F32(vec![0.5]));
     assert_eq!(d.outputs, OutputEncoding::default());
 }
@@ -80,7 +81,7 @@ fn one_binary_input(size: Value) -> Value {
 #[test]
 fn a_header_longer_than_the_body_is_refused() {
     let (body, _) = framed(one_binary_input(json!(8)), &[&[0; 8]]);
-    let m = invalid(decode_request(&body, Some(b"100000")));
+    let m = invalid(decode_request(&body, Some(b"100000"), &NoRegions));
     assert_eq!(
         m,
         format!(
@@ -93,7 +94,7 @@ fn a_header_longer_than_the_body_is_refused() {
 #[test]
 fn a_header_shorter_than_the_json_is_refused() {
     let (body, _) = framed(one_binary_input(json!(8)), &[&[0; 8]]);
-    let m = invalid(decode_request(&body, Some(b"20")));
+    let m = invalid(decode_request(&body, Some(b"20"), &NoRegions));
     assert!(
         m.starts_with("invalid JSON in the first 20 bytes of the body"),
         "{m}"
@@ -103,7 +104,7 @@ fn a_header_shorter_than_the_json_is_refused() {
 #[test]
 fn a_header_that_is_not_a_number_is_refused() {
     let (body, _) = framed(one_binary_input(json!(8)), &[&[0; 8]]);
-    let m = invalid(decode_request(&body, Some(b"-3")));
+    let m = invalid(decode_request(&body, Some(b"-3"), &NoRegions));
     assert_eq!(
         m,
         "Inference-Header-Content-Length must be a byte count, got \"-3\""
@@ -141,7 +142,7 @@ fn binary_sizes_must_match_the_bytes_sent() {
 #[test]
 fn binary_inputs_need_the_header_and_no_json_data() {
     let body = serde_json::to_vec(&one_binary_input(json!(8))).unwrap();
-    let m = invalid(decode_request(&body, None));
+    let m = invalid(decode_request(&body, None, &NoRegions));
     assert!(m.contains("has no Inference-Header-Content-Length header"), "{m}");
     let mut both = one_binary_input(json!(8));
     both["inputs"][0]["data"] = json!([1, 2]);
@@ -210,6 +211,7 @@ fn binary_outputs_follow_the_json_header() {
     let encoding = OutputEncoding {
         all: true,
         per_output: HashMap::from([("a".to_string(), false)]),
+        shm: HashMap::new(),
     };
     let enc = encode_response(&response(), &encoding);
     let n = enc.header_length.unwrap();
@@ -254,4 +256,37 @@ fn schedule_parameters_are_read_and_bad_values_named() {
         let m = invalid(decode(req(params.clone()), &[]));
         assert!(m.contains(named), "{params}: {m}");
     }
+}
+
+#[test]
+fn outputs_in_shared_memory_name_their_region_instead_of_data() {
+    let at = crate::protocol::shm::ShmRef {
+        region: "out".into(),
+        offset: 0,
+        byte_size: 64,
+    };
+    let encoding = OutputEncoding {
+        all: true,
+        per_output: HashMap::new(),
+        shm: HashMap::from([("a".to_string(), at)]),
+    };
+    let enc = encode_response(&response(), &encoding);
+    let n = enc.header_length.unwrap();
+    let header: Value = serde_json::from_slice(&enc.body[..n]).unwrap();
+    let a = &header["outputs"][0];
+    assert_eq!(
+        a["parameters"],
+        json!({"shared_memory_region": "out", "shared_memory_byte_size": 8})
+    );
+    assert!(a.get("data").is_none(), "{header}");
+    // `b` is binary: its bytes alone follow the header.
+    assert_eq!(enc.body.len() - n, 4 + 2);
+    // An input naming a region no one registered is a 400 naming it.
+    let body = json!({"inputs": [{"name": "x", "shape": [1], "datatype": "INT32",
+        "parameters": {"shared_memory_region": "in", "shared_memory_byte_size": 4}}]});
+    let m = invalid(decode_request(body.to_string().as_bytes(), None, &NoRegions));
+    assert!(
+        m.contains("input `x`: shared memory region 'in' is not registered"),
+        "{m}"
+    );
 }

@@ -9,7 +9,7 @@ use crate::protocol::v2_binary::decode_request_serde;
 
 /// The serde path's request, as text for exact comparison.
 fn serde(body: &str) -> Result<String, String> {
-    decode_request_serde(body.as_bytes(), None)
+    decode_request_serde(body.as_bytes(), None, &crate::protocol::shm::NoRegions)
         .map(|d| format!("{:?}", d.request))
         .map_err(|e| e.to_string())
 }

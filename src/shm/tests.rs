@@ -1,0 +1,111 @@
+use super::*;
+
+/// A POSIX shared-memory object of `len` bytes, removed on drop.
+struct Object(std::ffi::CString);
+
+impl Object {
+    fn new(tag: &str, len: usize) -> Object {
+        let key = std::ffi::CString::new(format!("/sluice-test-{tag}-{}", std::process::id())).unwrap();
+        unsafe {
+            let fd = libc::shm_open(key.as_ptr(), libc::O_CREAT | libc::O_RDWR, 0o600);
+            assert!(fd >= 0);
+            assert_eq!(libc::ftruncate(fd, len as libc::off_t), 0);
+            libc::close(fd);
+        }
+        Object(key)
+    }
+    fn key(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for Object {
+    fn drop(&mut self) {
+        unsafe { libc::shm_unlink(self.0.as_ptr()) };
+    }
+}
+
+fn at(region: &str, offset: usize, byte_size: usize) -> ShmRef {
+    ShmRef {
+        region: region.into(),
+        offset,
+        byte_size,
+    }
+}
+
+fn read_i32(shm: &SharedMemory, r: &ShmRef) -> Result<TensorData, Error> {
+    shm.read(r, "input `x`", &mut |b| {
+        Ok(TensorData::I32(
+            b.chunks(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        ))
+    })
+}
+
+#[test]
+fn written_outputs_read_back_within_the_registered_range() {
+    let object = Object::new("rw", 10_000);
+    let shm = SharedMemory::new(true);
+    // An offset past the first page: the mapping starts at its page.
+    shm.register("r", object.key(), 4100, 64).unwrap();
+    assert_eq!(shm.status(None).unwrap()[0].byte_size, 64);
+    shm.write(&at("r", 8, 16), &TensorData::I32(vec![1, -2, 3, 4]), "output `y`")
+        .unwrap();
+    assert_eq!(
+        read_i32(&shm, &at("r", 8, 16)).unwrap(),
+        TensorData::I32(vec![1, -2, 3, 4])
+    );
+    // Out of the region: refused, naming the sizes.
+    let e = read_i32(&shm, &at("r", 56, 16)).unwrap_err().to_string();
+    assert!(
+        e.contains("16 bytes at offset 56 do not fit shared memory region 'r' of 64 bytes"),
+        "{e}"
+    );
+    let e = shm
+        .write(&at("r", 0, 8), &TensorData::I32(vec![1, 2, 3]), "output `y`")
+        .unwrap_err();
+    assert!(e.to_string().contains("12 bytes of output do not fit"), "{e}");
+    let e = read_i32(&shm, &at("nope", 0, 4)).unwrap_err().to_string();
+    assert!(e.contains("region 'nope' is not registered"), "{e}");
+}
+
+#[test]
+fn registration_mistakes_are_named() {
+    let object = Object::new("reg", 128);
+    let shm = SharedMemory::new(true);
+    let e = shm
+        .register("r", "/sluice-no-such-object", 0, 8)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("cannot map key '/sluice-no-such-object'"), "{e}");
+    let e = shm.register("r", object.key(), 100, 64).unwrap_err().to_string();
+    assert!(e.contains("holds only 128 bytes"), "{e}");
+    shm.register("r", object.key(), 0, 64).unwrap();
+    let e = shm.register("r", object.key(), 0, 64).unwrap_err().to_string();
+    assert!(e.contains("already registered"), "{e}");
+    assert!(shm.status(Some("other")).is_err());
+    let off = SharedMemory::new(false);
+    let e = off.register("r", object.key(), 0, 64).unwrap_err().to_string();
+    assert!(e.contains("shared_memory.enabled = false"), "{e}");
+}
+
+#[test]
+fn a_region_unregistered_in_use_stays_mapped_for_its_user() {
+    let object = Object::new("use", 64);
+    let shm = SharedMemory::new(true);
+    shm.register("r", object.key(), 0, 64).unwrap();
+    shm.write(&at("r", 0, 4), &TensorData::I32(vec![7]), "output `y`")
+        .unwrap();
+    let r = &at("r", 0, 4);
+    // The unregister lands while a request is reading: that read finishes.
+    let data = shm
+        .read(r, "input `x`", &mut |b| {
+            shm.unregister(None);
+            Ok(TensorData::I32(vec![i32::from_le_bytes(b.try_into().unwrap())]))
+        })
+        .unwrap();
+    assert_eq!(data, TensorData::I32(vec![7]));
+    assert!(shm.status(None).unwrap().is_empty());
+    assert!(read_i32(&shm, r).is_err());
+}
