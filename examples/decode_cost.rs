@@ -70,7 +70,7 @@ fn main() {
         let mut line = format!("round {round}:");
         for (name, body) in &cases {
             let us = per_call(n, || {
-                std::hint::black_box(decode_request(body, None).unwrap());
+                std::hint::black_box(decode_request(body, None, &sluice::protocol::shm::NoRegions).unwrap());
             });
             line += &format!(" {name} {us:.2} µs;");
         }

@@ -184,7 +184,7 @@ async fn errors_carry_the_right_status_and_name_the_problem() {
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
     assert_eq!(e.message(), "Request for unknown model: 'nope' is not found");
-    // An extension sluice does not serve is the client's mistake, not the server's.
+    // A shared-memory input that names no size, or a region no one registered: the client's mistake.
     let mut shm = infer_request("mlp", "input", &[1, 784], &[0.0; 784]);
     shm.raw_input_contents.clear();
     let region = InferParameter {
@@ -193,9 +193,26 @@ async fn errors_carry_the_right_status_and_name_the_problem() {
     shm.inputs[0]
         .parameters
         .insert("shared_memory_region".into(), region);
+    let e = c.model_infer(shm.clone()).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("without `shared_memory_byte_size`"),
+        "{}",
+        e.message()
+    );
+    let size = InferParameter {
+        parameter_choice: Some(infer_parameter::ParameterChoice::Int64Param(4 * 784)),
+    };
+    shm.inputs[0]
+        .parameters
+        .insert("shared_memory_byte_size".into(), size);
     let e = c.model_infer(shm).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
-    assert!(e.message().contains("shared-memory extension"), "{}", e.message());
+    assert!(
+        e.message().contains("region 'r0' is not registered"),
+        "{}",
+        e.message()
+    );
     // A schedule parameter of the wrong type is named as the client sent it, not as Rust prints it.
     let mut bad = infer_request("mlp", "input", &[1, 784], &[0.0; 784]);
     let one = InferParameter {

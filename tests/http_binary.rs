@@ -301,14 +301,17 @@ async fn config_and_statistics_endpoints_answer_in_tritons_shape() {
     assert_eq!(st, 200);
     assert_eq!(c["max_batch_size"], 64);
     assert_eq!(c["platform"], "onnxruntime_onnx");
-    assert_eq!(
-        c["input"],
-        json!([{"name": "input", "data_type": "TYPE_FP32", "dims": [784]}])
-    );
-    assert_eq!(
-        c["output"],
-        json!([{"name": "logits", "data_type": "TYPE_FP32", "dims": [10]}])
-    );
+    // Triton's whole shape: every field, defaults written out.
+    for (field, name, dims) in [("input", "input", 784), ("output", "logits", 10)] {
+        let t = &c[field][0];
+        assert_eq!(
+            (&t["name"], &t["data_type"], &t["dims"]),
+            (&json!(name), &json!("TYPE_FP32"), &json!([dims])),
+            "{c}"
+        );
+        assert_eq!(t["is_shape_tensor"], false, "{c}");
+    }
+    assert_eq!(c["input"][0]["format"], "FORMAT_NONE", "{c}");
     assert_eq!(c["dynamic_batching"]["max_queue_delay_microseconds"], 2000);
     // A fixed first dimension: no batch dimension, every dim listed.
     let (_, c) = s.get("/v2/models/fixed_batch/config").await;

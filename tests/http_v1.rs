@@ -130,6 +130,6 @@ async fn model_list_and_status() {
     assert_eq!((st, r), (200, json!({"name": "digits", "ready": true})));
     let (st, r) = s.get("/v1/models/nope").await;
     assert_eq!(st, 404, "{r}");
-    assert!(error_message(&r).contains("`nope`"), "{r}");
+    assert!(error_message(&r).contains("'nope' is not found"), "{r}");
     s.stop().await.unwrap();
 }

@@ -96,12 +96,13 @@ pub struct ServerMetadata {
 
 /// The protocol extensions sluice serves, as Triton names them
 /// (`schedule_policy`: the `timeout` and `priority` request parameters).
-pub const EXTENSIONS: [&str; 5] = [
+pub const EXTENSIONS: [&str; 6] = [
     "binary_tensor_data",
     "model_repository",
     "model_configuration",
     "statistics",
     "schedule_policy",
+    "system_shared_memory",
 ];
 
 impl ServerMetadata {
