@@ -1,0 +1,241 @@
+//! A repository with both layouts: `model-settings.json` folders beside
+//! Triton folders (`config.pbtxt`, numbered version folders, a version
+//! policy, and one with no config at all), answering over V1, V2 JSON, V2
+//! binary and gRPC; and version folders added and removed while clients
+//! send, with no failed request. Expected values: the fixtures' Python
+//! ONNX Runtime outputs (`mlp`) and arithmetic (`scalar_out` sums a row;
+//! `scalar_out_v2` doubles that).
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::grpc::{client, infer_request};
+use common::reload::{infer, mlp_request, scalar_request, scalar_version, wait_for, Clients};
+use common::*;
+use serde_json::{json, Value};
+
+/// Makes the Triton folder `repo/name` with `config` (none: `None`) and the
+/// given versions, each a copy of a fixture model.
+fn triton_model(repo: &Path, name: &str, config: Option<&str>, versions: &[(u32, &str)]) {
+    let dir = repo.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    if let Some(c) = config {
+        std::fs::write(dir.join("config.pbtxt"), c).unwrap();
+    }
+    for (v, from) in versions {
+        add_version(&dir, *v, from);
+    }
+}
+
+/// Adds version `v` (a copy of fixture `from`) whole: written aside, then
+/// renamed into place, as a deployment tool would.
+fn add_version(dir: &Path, v: u32, from: &str) {
+    let staging = dir.join(".staging");
+    std::fs::create_dir_all(&staging).unwrap();
+    std::fs::write(staging.join("model.onnx"), common::reload::model_bytes(from)).unwrap();
+    std::fs::rename(&staging, dir.join(v.to_string())).unwrap();
+}
+
+fn sums_request() -> Value {
+    json!({"inputs": [v2_input("x", "FP32", &[1, 4], json!([[1.0, 2.0, 3.0, 4.0]]))]})
+}
+
+/// The one value of output `total`.
+fn total(r: &Value) -> f64 {
+    flat_f64(&v2_output(r, "total")["data"])[0]
+}
+
+fn mixed_repository() -> tempfile::TempDir {
+    let repo = repo_with(&["mlp"]);
+    let config = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 1000 }\n";
+    triton_model(
+        repo.path(),
+        "sums",
+        Some(config),
+        &[(1, "scalar_out"), (2, "scalar_out_v2")],
+    );
+    let pinned = format!("{config}version_policy: {{ specific {{ versions: [ 1 ] }} }}\n");
+    triton_model(
+        repo.path(),
+        "sums_v1",
+        Some(&pinned),
+        &[(1, "scalar_out"), (2, "scalar_out_v2")],
+    );
+    triton_model(repo.path(), "bare", None, &[(3, "scalar_out")]);
+    repo
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_repository_answers_over_every_protocol() {
+    let repo = mixed_repository();
+    let s = TestServer::start(repo.path()).await;
+    let (_, index) = s.post("/v2/repository/index", &json!({})).await;
+    let versions: Vec<(String, String, String)> = index
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["name"].as_str().unwrap().into(),
+                m["version"].as_str().unwrap_or("").into(),
+                m["state"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let ready = |n: &str, v: &str| (n.to_string(), v.to_string(), "READY".to_string());
+    for want in [ready("sums", "2"), ready("sums_v1", "1"), ready("bare", "3")] {
+        assert!(versions.contains(&want), "{want:?} not in {index}");
+    }
+
+    // V2 JSON: the latest version by default; the policy's where it says so.
+    for (model, want, version) in [("sums", 20.0, "2"), ("sums_v1", 10.0, "1"), ("bare", 10.0, "3")] {
+        let (st, r) = s
+            .post(&format!("/v2/models/{model}/infer"), &sums_request())
+            .await;
+        assert_eq!(st, 200, "{r}");
+        assert_eq!(
+            (total(&r), r["model_version"].as_str()),
+            (want, Some(version)),
+            "{model}: {r}"
+        );
+    }
+    let (st, r) = s.post("/v2/models/sums/versions/2/infer", &sums_request()).await;
+    assert_eq!((st, total(&r)), (200, 20.0), "{r}");
+    // Version 1 is on disk but the policy (latest) does not serve it.
+    let (st, r) = s.post("/v2/models/sums/versions/1/infer", &sums_request()).await;
+    assert_eq!(st, 404, "{r}");
+    assert!(
+        error_message(&r).starts_with("Request for unknown model: 'sums' version 1 is not found"),
+        "{r}"
+    );
+    let (body, want) = mlp_request(3);
+    let a = infer(&s.client, &s.url("/v2/models/mlp/infer"), &body).await;
+    common::reload::assert_mlp(&a, &want);
+
+    // V1.
+    let (st, r) = s
+        .post(
+            "/v1/models/sums:predict",
+            &json!({"instances": [[1.0, 2.0, 3.0, 4.0]]}),
+        )
+        .await;
+    assert_eq!((st, &r["predictions"]), (200, &json!([20.0])), "{r}");
+
+    // V2 binary: the input as raw bytes, the output asked for as raw bytes.
+    let header = json!({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4],
+        "parameters": {"binary_data_size": 16}}], "outputs": [{"name": "total", "parameters": {"binary_data": true}}]})
+    .to_string();
+    let mut bytes = header.clone().into_bytes();
+    bytes.extend([1f32, 2., 3., 4.].iter().flat_map(|x| x.to_le_bytes()));
+    let r = s
+        .client
+        .post(s.url("/v2/models/sums_v1/infer"))
+        .header("Inference-Header-Content-Length", header.len())
+        .body(bytes)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let n: usize = r.headers()["inference-header-content-length"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let body = r.bytes().await.unwrap();
+    assert_eq!(f32::from_le_bytes(body[n..n + 4].try_into().unwrap()), 10.0);
+
+    // gRPC, with and without a version.
+    let mut c = client(&s).await;
+    for (model, version, want) in [("sums", "", 20.0f32), ("sums", "2", 20.0), ("bare", "3", 10.0)] {
+        let mut req = infer_request(model, "x", &[1, 4], &[1., 2., 3., 4.]);
+        req.model_version = version.into();
+        let r = c.model_infer(req).await.unwrap().into_inner();
+        let got = f32::from_le_bytes(r.raw_output_contents[0][..4].try_into().unwrap());
+        assert_eq!(got, want, "{model} {version:?}");
+    }
+    let mut req = infer_request("sums", "x", &[1, 4], &[1., 2., 3., 4.]);
+    req.model_version = "1".into();
+    let e = c.model_infer(req).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+
+    // The configuration in force: the file's, with what Triton fills in.
+    let (_, config) = s.get("/v2/models/sums/config").await;
+    assert_eq!(config["max_batch_size"], 8, "{config}");
+    assert_eq!(
+        config["dynamic_batching"]["max_queue_delay_microseconds"], 1000,
+        "{config}"
+    );
+    assert_eq!(
+        config["input"][0]["name"], "x",
+        "auto-completed from the ONNX file: {config}"
+    );
+    assert_eq!(config["input"][0]["dims"], json!([4]), "{config}");
+    assert_eq!(config["version_policy"]["latest"]["num_versions"], 1, "{config}");
+    let (_, config) = s.get("/v2/models/sums_v1/config").await;
+    assert_eq!(
+        config["version_policy"]["specific"]["versions"],
+        json!([1]),
+        "{config}"
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_added_and_removed_under_load_lose_no_request() {
+    let repo = repo_with(&[]);
+    triton_model(
+        repo.path(),
+        "sums",
+        Some("max_batch_size: 8\n"),
+        &[(1, "scalar_out")],
+    );
+    let s = TestServer::start(repo.path()).await;
+    let (client_, url) = (s.client.clone(), s.url("/v2/models/sums/infer"));
+    let clients = Clients::start(3, move |c, i| {
+        let (client_, url) = (client_.clone(), url.clone());
+        async move {
+            let (body, sum) = scalar_request(c * 5 + i);
+            let a = infer(&client_, &url, &body).await;
+            let version = a.body["model_version"].as_str().map(str::to_string);
+            (scalar_version(&a, sum), version, a)
+        }
+    });
+    let serving = |want: &'static str| {
+        let s = &s;
+        async move {
+            let (_, r) = s.post("/v2/models/sums/infer", &sums_request()).await;
+            (r["model_version"] == want).then_some(())
+        }
+    };
+    // A new version folder: it loads, warms, and takes over.
+    add_version(&repo.path().join("sums"), 2, "scalar_out_v2");
+    wait_for("version 2 to serve", || serving("2")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Removed: the version below serves again.
+    std::fs::remove_dir_all(repo.path().join("sums/2")).unwrap();
+    wait_for("version 1 to serve again", || serving("1")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // An edit of config.pbtxt that only touches batching applies in place.
+    std::fs::write(
+        repo.path().join("sums/config.pbtxt"),
+        "max_batch_size: 4\ndynamic_batching { max_queue_delay_microseconds: 500 }\n",
+    )
+    .unwrap();
+    s.wait_reloads("sums", "updated", 1.0).await;
+    let answers = clients.stop().await;
+    let (_, config) = s.get("/v2/models/sums/config").await;
+    assert_eq!(config["max_batch_size"], 4, "{config}");
+
+    assert!(answers.len() > 20, "only {} answers", answers.len());
+    let mut seen = std::collections::BTreeSet::new();
+    for (value_version, label, a) in &answers {
+        let v = value_version.unwrap_or_else(|| panic!("a failed or wrong answer: {} {}", a.status, a.body));
+        // The version the answer names is the one that computed it.
+        assert_eq!(label.as_deref(), Some(v.to_string().as_str()), "{}", a.body);
+        seen.insert(v);
+    }
+    assert_eq!(seen, [1, 2].into(), "both versions served");
+    s.stop().await.unwrap();
+}
