@@ -221,46 +221,44 @@ impl From<&InferResponse> for ModelInferResponse {
 /// output order, but for the outputs written to a region (`in_shm`), whose
 /// entry is empty and whose parameters name the region and the bytes written.
 pub fn encode_response(resp: &InferResponse, in_shm: &HashMap<String, ShmRef>) -> ModelInferResponse {
-    {
-        let mut outputs = Vec::with_capacity(resp.outputs.len());
-        let mut raw = Vec::with_capacity(resp.outputs.len());
-        for t in &resp.outputs {
-            let mut parameters = HashMap::new();
-            match in_shm.get(&t.name) {
-                Some(at) => {
-                    use inference::infer_parameter::ParameterChoice;
-                    let param = |c| InferParameter {
-                        parameter_choice: Some(c),
-                    };
-                    let size = i64::try_from(binary::encoded_len(&t.data)).unwrap_or(i64::MAX);
-                    parameters.insert(
-                        "shared_memory_region".to_string(),
-                        param(ParameterChoice::StringParam(at.region.clone())),
-                    );
-                    parameters.insert(
-                        "shared_memory_byte_size".to_string(),
-                        param(ParameterChoice::Int64Param(size)),
-                    );
-                    raw.push(Bytes::new());
-                }
-                None => raw.push(Bytes::from(binary::encode(&t.data))),
+    let mut outputs = Vec::with_capacity(resp.outputs.len());
+    let mut raw = Vec::with_capacity(resp.outputs.len());
+    for t in &resp.outputs {
+        let mut parameters = HashMap::new();
+        match in_shm.get(&t.name) {
+            Some(at) => {
+                use inference::infer_parameter::ParameterChoice;
+                let param = |c| InferParameter {
+                    parameter_choice: Some(c),
+                };
+                let size = i64::try_from(binary::encoded_len(&t.data)).unwrap_or(i64::MAX);
+                parameters.insert(
+                    "shared_memory_region".to_string(),
+                    param(ParameterChoice::StringParam(at.region.clone())),
+                );
+                parameters.insert(
+                    "shared_memory_byte_size".to_string(),
+                    param(ParameterChoice::Int64Param(size)),
+                );
+                raw.push(Bytes::new());
             }
-            outputs.push(InferOutputTensor {
-                name: t.name.clone(),
-                datatype: t.dtype().as_str().to_string(),
-                shape: t.shape.iter().map(|&d| d as i64).collect(),
-                parameters,
-                contents: None,
-            });
+            None => raw.push(Bytes::from(binary::encode(&t.data))),
         }
-        ModelInferResponse {
-            model_name: resp.model_name.to_string(),
-            model_version: resp.model_version.clone().unwrap_or_default(),
-            id: resp.id.clone().unwrap_or_default(),
-            parameters: HashMap::new(),
-            outputs,
-            raw_output_contents: raw,
-        }
+        outputs.push(InferOutputTensor {
+            name: t.name.clone(),
+            datatype: t.dtype().as_str().to_string(),
+            shape: t.shape.iter().map(|&d| d as i64).collect(),
+            parameters,
+            contents: None,
+        });
+    }
+    ModelInferResponse {
+        model_name: resp.model_name.to_string(),
+        model_version: resp.model_version.clone().unwrap_or_default(),
+        id: resp.id.clone().unwrap_or_default(),
+        parameters: HashMap::new(),
+        outputs,
+        raw_output_contents: raw,
     }
 }
 

@@ -8,6 +8,7 @@ pub mod cuda;
 pub mod device_memory;
 pub mod onnx;
 pub mod ort_log;
+mod values;
 pub mod weights;
 
 use std::fmt;
