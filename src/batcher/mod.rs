@@ -86,12 +86,21 @@ struct Inner {
     ended: watch::Receiver<()>,
 }
 
+/// Which batch answered a request: its id (shared by every answer of the
+/// batch) and the model version whose sessions ran it.
+#[derive(Debug, Clone)]
+pub struct BatchTag {
+    pub id: Arc<str>,
+    pub version: Option<Arc<str>>,
+}
+
 impl Batcher {
     /// Starts the batching task of `model` over its session workers;
     /// `padding` lets requests of different lengths share batches;
     /// `batching` says whether requests share batches at all, and how.
     pub fn spawn(
         model: &str,
+        version: Option<&str>,
         settings: BatchSettings,
         workers: Arc<ModelWorkers>,
         outputs: Vec<String>,
@@ -109,6 +118,7 @@ impl Batcher {
         let model_metrics = metrics::ModelMetrics::new(model);
         let shared = Arc::new(task::Shared {
             model: model.into(),
+            version: version.map(Arc::from),
             metrics: model_metrics.clone(),
             workers,
             outputs,
@@ -227,7 +237,7 @@ impl Batcher {
         outputs: Option<&[String]>,
         arrival: Instant,
         schedule: Schedule,
-    ) -> Result<(Vec<Tensor>, Arc<str>)> {
+    ) -> Result<(Vec<Tensor>, BatchTag)> {
         let settings = self.settings();
         let model = &self.inner.model;
         let level = priority_level(model, &settings, schedule.priority)?;
@@ -310,7 +320,7 @@ impl Batcher {
         inputs: Vec<Tensor>,
         r: Request<'_>,
         slot: &mut Slot<'_>,
-    ) -> Result<(Vec<Tensor>, Arc<str>)> {
+    ) -> Result<(Vec<Tensor>, BatchTag)> {
         let n_chunks = r.chunks;
         let (Some(layout), true) = (r.layout, n_chunks > 1) else {
             // The common case: the inputs are moved, not copied, and nothing is joined.

@@ -29,7 +29,7 @@ mod select;
 
 /// What a request (or one chunk of an oversize request) gets back: every
 /// output of the model for its own rows, and the id of its batch.
-pub type EntryResult = Result<(Vec<Tensor>, std::sync::Arc<str>), Error>;
+pub type EntryResult = Result<(Vec<Tensor>, super::BatchTag), Error>;
 
 /// One request, or one chunk of a request larger than `max_batch_size`.
 #[derive(Debug)]

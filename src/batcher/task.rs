@@ -37,6 +37,10 @@ static NEXT_BATCH: AtomicU64 = AtomicU64::new(1);
 /// What the batching task shares with its batch tasks.
 pub(super) struct Shared {
     pub model: Arc<str>,
+    /// The version these sessions are (`parameters.version`, a version
+    /// folder): each answer names the version that computed it, which is
+    /// this batcher's even for a request handed over from the one before.
+    pub version: Option<Arc<str>>,
     /// The model's per-request metric series.
     pub metrics: metrics::ModelMetrics,
     pub workers: Arc<ModelWorkers>,
@@ -126,6 +130,16 @@ impl InFlight {
             .iter()
             .map(|&(_, at, predicted)| predicted.saturating_sub(now.saturating_duration_since(at)))
             .sum()
+    }
+}
+
+impl Shared {
+    /// A new batch's tag: its id and the version that runs it.
+    pub(super) fn tag(&self) -> super::BatchTag {
+        super::BatchTag {
+            id: next_batch_id(),
+            version: self.version.clone(),
+        }
     }
 }
 

@@ -186,16 +186,18 @@ impl ModelHandle {
     async fn run(&self, mut req: InferRequest, arrival: Instant) -> Result<InferResponse> {
         crate::telemetry::record_version(self.version());
         protocol::validate(&mut req, &self.name, &self.signature)?;
-        let (tensors, batch_id) = self
+        let (tensors, tag) = self
             .batcher
             .submit(req.inputs, req.outputs.as_deref(), arrival, req.schedule)
             .await?;
         Ok(InferResponse {
             model_name: self.batcher.model().clone(),
-            model_version: self.settings.version.clone(),
+            // The version that computed it: a request handed over to the
+            // next version during a reload is answered by that one.
+            model_version: tag.version.map(|v| v.to_string()),
             id: req.id,
             outputs: tensors,
-            batch_id,
+            batch_id: tag.id,
         })
     }
 }

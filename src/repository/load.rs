@@ -115,7 +115,15 @@ pub async fn build(
     };
     let batching = Batching::new(name, &loaded.signature, warmed.layout);
     let workers = Arc::new(warmed.workers);
-    let batcher = Batcher::spawn(name, settings.batching, workers, outputs, padding, batching);
+    let batcher = Batcher::spawn(
+        name,
+        settings.version.as_deref(),
+        settings.batching,
+        workers,
+        outputs,
+        padding,
+        batching,
+    );
     // The padded dims, and the bound the batcher enforces (its device's default when unset).
     let padded =
         padded.map(|dims| format!("{dims} (max_padding_ratio {})", batcher.settings().max_padding()));

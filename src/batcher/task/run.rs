@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
-use super::{next_batch_id, Done, Shared};
+use super::{Done, Shared};
 use crate::batcher::queue::{Entry, EntryResult};
 use crate::batcher::stats::BatchTimes;
 use crate::error::Error;
@@ -25,9 +25,13 @@ use crate::tensor::Tensor;
 pub(super) async fn run_batch(done: Arc<Done>, mut batch: Vec<Entry>) {
     let shared = Arc::clone(&done.shared);
     let shared = &*shared;
-    let batch_id = next_batch_id();
+    let batch_id = shared.tag();
     // Ends when this function returns: every entry has been answered.
-    let span = telemetry::batch_span(&shared.model, &batch_id, batch.iter().map(|e| (&e.span, e.rows)));
+    let span = telemetry::batch_span(
+        &shared.model,
+        &batch_id.id,
+        batch.iter().map(|e| (&e.span, e.rows)),
+    );
     let result = run(shared, &mut batch, Some(done)).instrument(span.clone()).await;
     match result {
         Ok(Ran { outputs, times }) if batch.len() == 1 && batch[0].whole => {
@@ -126,7 +130,7 @@ async fn run_alone(shared: &Shared, e: &mut Entry) -> EntryResult {
         }
     }
     shared.stats.executed(1, e.rows, ran.times);
-    Ok((ran.outputs, next_batch_id()))
+    Ok((ran.outputs, shared.tag()))
 }
 
 /// A batch that ran: every output of the model for all its rows, and how

@@ -166,7 +166,7 @@ fn start_on(pool: &Pool, name: &str, settings: BatchSettings, delay: Duration, i
     let outputs = vec!["y".to_string()];
     let (workers, _warmed) = ModelWorkers::spawn(name, sessions, pool, Vec::new(), outputs.clone());
     let batching = Batching::new(name, &Signature::default(), Ok(Layout::plain(1, 1)));
-    let batcher = Batcher::spawn(name, settings, Arc::new(workers), outputs, None, batching);
+    let batcher = Batcher::spawn(name, None, settings, Arc::new(workers), outputs, None, batching);
     Model { batcher, seen, gate }
 }
 
@@ -187,7 +187,7 @@ async fn infer(b: &Batcher, x: Tensor) -> Result<(Tensor, String), Error> {
         )
         .await?;
     assert_eq!(out.len(), 1, "one output asked for");
-    Ok((out.pop().unwrap(), id.to_string()))
+    Ok((out.pop().unwrap(), id.id.to_string()))
 }
 
 /// `y` must be exactly `2x`, same shape.

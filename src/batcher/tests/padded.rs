@@ -41,6 +41,7 @@ fn start_padded_on(device: Device, settings: BatchSettings) -> Model {
     let batching = Batching::new("padded", &Signature::default(), Ok(Layout::plain(1, 1)));
     let batcher = Batcher::spawn(
         "padded",
+        None,
         settings,
         Arc::new(workers),
         outputs,
