@@ -126,6 +126,7 @@ impl Server {
         )
         .with_context(|| format!("cannot watch the model repository {}", repo.path.display()))?;
         let (handle, loaded) = repository.spawn(rescan_rx);
+        let budget = budget::ByteBudget::from_config(&config);
         let state = AppState::new(http::SharedState {
             metrics,
             registry: handle.registry().clone(),
@@ -135,8 +136,11 @@ impl Server {
             stopping: Arc::new(AtomicBool::new(false)),
             max_body_bytes: config.http.max_body_bytes,
             access: access::Access::from_config(&config),
-            budget: budget::ByteBudget::from_config(&config),
-            shm: Arc::new(shm::SharedMemory::new(config.shared_memory.enabled)),
+            shm: Arc::new(shm::SharedMemory::new(
+                config.shared_memory.enabled,
+                budget.clone(),
+            )),
+            budget,
         });
         Ok(Server {
             config,

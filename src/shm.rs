@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
+use crate::budget::ByteBudget;
 use crate::error::Error;
 use crate::protocol::shm::{not_registered, Regions, ShmRef};
 use crate::tensor::TensorData;
@@ -125,6 +126,9 @@ fn map_fd(fd: i32, offset: usize, byte_size: usize) -> Result<(*mut u8, usize), 
 pub struct SharedMemory {
     /// `shared_memory.enabled`: off, every register is refused.
     enabled: bool,
+    /// The server's byte budget: an input's bytes are reserved in it before
+    /// they are copied out of a region.
+    budget: ByteBudget,
     /// Written by register/unregister; read by every request naming a
     /// region (a lookup and an `Arc` clone under the lock, never an await).
     regions: RwLock<BTreeMap<String, Arc<Region>>>,
@@ -140,9 +144,10 @@ pub struct Status {
 }
 
 impl SharedMemory {
-    pub fn new(enabled: bool) -> SharedMemory {
+    pub fn new(enabled: bool, budget: ByteBudget) -> SharedMemory {
         SharedMemory {
             enabled,
+            budget,
             regions: RwLock::new(BTreeMap::new()),
         }
     }
@@ -261,6 +266,8 @@ impl Regions for SharedMemory {
     ) -> Result<TensorData, Error> {
         let region = self.get(&at.region, what)?;
         let src = region.range(at, at.byte_size, what)?;
+        // Held until decoded; the decoded tensor is then reserved by the caller.
+        let _copy = self.budget.reserve(at.byte_size)?;
         // Copied out first: the client may write the region while it is read.
         let mut bytes = vec![0u8; at.byte_size];
         // SAFETY: `src` holds `byte_size` bytes (checked by `range`).

@@ -41,6 +41,8 @@ const SAME_LAYER_OK: &[(&str, &str)] = &[
     ("budget", "config"),
     // The certificate reload counts its results (`sluice_tls_reloads_total`).
     ("tls", "metrics"),
+    // A shared-memory input's bytes are reserved before they are copied.
+    ("shm", "budget"),
 ];
 
 fn layer(module: &str) -> Option<usize> {

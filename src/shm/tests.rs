@@ -46,7 +46,7 @@ fn read_i32(shm: &SharedMemory, r: &ShmRef) -> Result<TensorData, Error> {
 #[test]
 fn written_outputs_read_back_within_the_registered_range() {
     let object = Object::new("rw", 10_000);
-    let shm = SharedMemory::new(true);
+    let shm = SharedMemory::new(true, ByteBudget::new(1 << 20));
     // An offset past the first page: the mapping starts at its page.
     shm.register("r", object.key(), 4100, 64).unwrap();
     assert_eq!(shm.status(None).unwrap()[0].byte_size, 64);
@@ -73,7 +73,7 @@ fn written_outputs_read_back_within_the_registered_range() {
 #[test]
 fn registration_mistakes_are_named() {
     let object = Object::new("reg", 128);
-    let shm = SharedMemory::new(true);
+    let shm = SharedMemory::new(true, ByteBudget::new(1 << 20));
     let e = shm
         .register("r", "/sluice-no-such-object", 0, 8)
         .unwrap_err()
@@ -85,7 +85,7 @@ fn registration_mistakes_are_named() {
     let e = shm.register("r", object.key(), 0, 64).unwrap_err().to_string();
     assert!(e.contains("already registered"), "{e}");
     assert!(shm.status(Some("other")).is_err());
-    let off = SharedMemory::new(false);
+    let off = SharedMemory::new(false, ByteBudget::new(1 << 20));
     let e = off.register("r", object.key(), 0, 64).unwrap_err().to_string();
     assert!(e.contains("shared_memory.enabled = false"), "{e}");
 }
@@ -93,7 +93,7 @@ fn registration_mistakes_are_named() {
 #[test]
 fn a_region_unregistered_in_use_stays_mapped_for_its_user() {
     let object = Object::new("use", 64);
-    let shm = SharedMemory::new(true);
+    let shm = SharedMemory::new(true, ByteBudget::new(1 << 20));
     shm.register("r", object.key(), 0, 64).unwrap();
     shm.write(&at("r", 0, 4), &TensorData::I32(vec![7]), "output `y`")
         .unwrap();
@@ -108,4 +108,17 @@ fn a_region_unregistered_in_use_stays_mapped_for_its_user() {
     assert_eq!(data, TensorData::I32(vec![7]));
     assert!(shm.status(None).unwrap().is_empty());
     assert!(read_i32(&shm, r).is_err());
+}
+
+#[test]
+fn an_input_in_shared_memory_is_held_in_the_byte_budget_while_copied() {
+    let object = Object::new("budget", 4096);
+    let budget = ByteBudget::new(1000);
+    let shm = SharedMemory::new(true, budget.clone());
+    shm.register("r", object.key(), 0, 4096).unwrap();
+    // Other requests hold most of the budget: a 64-byte read still fits, 800 does not.
+    let _others = budget.reserve(900).unwrap();
+    assert!(read_i32(&shm, &at("r", 0, 64)).is_ok());
+    let e = read_i32(&shm, &at("r", 0, 800)).unwrap_err();
+    assert!(matches!(e, Error::Busy { .. }), "{e}");
 }
