@@ -261,6 +261,10 @@ pub struct ModelSettings {
     /// config endpoint answers (with Triton's defaults filled in).
     #[serde(skip)]
     pub triton_config: Option<Value>,
+    /// Class labels per output (a `config.pbtxt` output's `label_filename`, one per
+    /// line), for Triton's classification extension.
+    #[serde(skip)]
+    pub labels: std::collections::BTreeMap<String, std::sync::Arc<Vec<String>>>,
 }
 
 /// MLServer's declared `inputs` and `outputs` (ModelMesh's MLServer adapter writes them).
@@ -460,6 +464,7 @@ impl ModelSettings {
             unused,
             ignored: Vec::new(),
             triton_config: None,
+            labels: Default::default(),
         })
     }
 

@@ -239,3 +239,95 @@ async fn versions_added_and_removed_under_load_lose_no_request() {
     assert_eq!(seen, [1, 2].into(), "both versions served");
     s.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classification_answers_the_top_classes_with_their_labels() {
+    let repo = repo_with(&[]);
+    let dir = repo.path().join("digits10");
+    std::fs::create_dir_all(dir.join("1")).unwrap();
+    std::fs::copy(
+        root().join("model-repository/mlp/model.onnx"),
+        dir.join("1/model.onnx"),
+    )
+    .unwrap();
+    let labels: Vec<String> = (0..10).map(|i| format!("class-{i}")).collect();
+    std::fs::write(dir.join("labels.txt"), labels.join("\n")).unwrap();
+    std::fs::write(
+        dir.join("config.pbtxt"),
+        "max_batch_size: 8\noutput [ { name: \"logits\" data_type: TYPE_FP32 dims: [ 10 ] label_filename: \"labels.txt\" } ]\n",
+    )
+    .unwrap();
+    let s = TestServer::start(repo.path()).await;
+    // Two rows of the fixture; their top 3 from the Python ONNX Runtime logits.
+    let exp = fixture("mlp_expected.json");
+    let rows = json!([exp["inputs"][0], exp["inputs"][1]]);
+    let want: Vec<String> = (0..2)
+        .flat_map(|r| {
+            let logits = flat_f64(&exp["logits"][r]);
+            let mut order: Vec<usize> = (0..10).collect();
+            order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+            order.into_iter().take(3).map(move |i| (logits[i], i))
+        })
+        .map(|(v, i)| format!("{:.6}:{i}:class-{i}", v as f32))
+        .collect();
+    let body = json!({"inputs": [v2_input("input", "FP32", &[2, 784], rows)],
+        "outputs": [{"name": "logits", "parameters": {"classification": 3}}]});
+    let (st, r) = s.post("/v2/models/digits10/infer", &body).await;
+    assert_eq!(st, 200, "{r}");
+    let out = v2_output(&r, "logits");
+    assert_eq!(
+        (&out["datatype"], &out["shape"]),
+        (&json!("BYTES"), &json!([2, 3])),
+        "{r}"
+    );
+    let got: Vec<String> = out["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    // Scores agree to the printed 6 decimals but may differ in the last one (float sums).
+    for (g, w) in got.iter().zip(&want) {
+        let (gs, gi) = g.split_once(':').unwrap();
+        let (ws, wi) = w.split_once(':').unwrap();
+        assert_eq!(gi, wi, "{got:?} vs {want:?}");
+        assert!(
+            (gs.parse::<f64>().unwrap() - ws.parse::<f64>().unwrap()).abs() < 1e-4,
+            "{got:?} vs {want:?}"
+        );
+    }
+    // gRPC: the same strings as raw BYTES (4-byte length prefixes).
+    let mut c = client(&s).await;
+    let x: Vec<f32> = flat_f64(&exp["inputs"][0]).iter().map(|&v| v as f32).collect();
+    let mut req = infer_request("digits10", "input", &[1, 784], &x);
+    let count = sluice::protocol::grpc::inference::InferParameter {
+        parameter_choice: Some(
+            sluice::protocol::grpc::inference::infer_parameter::ParameterChoice::Int64Param(1),
+        ),
+    };
+    req.outputs.push(
+        sluice::protocol::grpc::inference::model_infer_request::InferRequestedOutputTensor {
+            name: "logits".into(),
+            parameters: [("classification".to_string(), count)].into(),
+        },
+    );
+    let r = c.model_infer(req).await.unwrap().into_inner();
+    let raw = &r.raw_output_contents[0];
+    let len = u32::from_le_bytes(raw[..4].try_into().unwrap()) as usize;
+    let top = std::str::from_utf8(&raw[4..4 + len]).unwrap();
+    assert!(
+        top.ends_with(&format!(":{}", want[0].split_once(':').unwrap().1)),
+        "{top} vs {}",
+        want[0]
+    );
+    // A count that is not a positive integer: a 400 naming the parameter.
+    let bad = json!({"inputs": [v2_input("input", "FP32", &[1, 784], json!([exp["inputs"][0]]))],
+        "outputs": [{"name": "logits", "parameters": {"classification": 0}}]});
+    let (st, r) = s.post("/v2/models/digits10/infer", &bad).await;
+    assert_eq!(st, 400, "{r}");
+    assert!(
+        error_message(&r).contains("`classification` must be a positive integer"),
+        "{r}"
+    );
+    s.stop().await.unwrap();
+}

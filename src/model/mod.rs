@@ -166,6 +166,17 @@ impl ModelHandle {
         crate::batcher::layout::verdict(layout, enabled, &self.signature)
     }
 
+    /// Replaces output `name` of `tensors` by its top `n` classes (Triton's
+    /// classification extension), per row when the model has a batch dimension.
+    fn classify(&self, tensors: &mut [crate::tensor::Tensor], name: &str, n: usize) -> Result<()> {
+        let batched = self.batcher.batching().layout().is_some_and(|l| l.is_plain());
+        let labels = self.settings.labels.get(name).map(|l| l.as_slice());
+        if let Some(t) = tensors.iter_mut().find(|t| t.name == name) {
+            *t = protocol::classification::classify(t, n, labels, batched)?;
+        }
+        Ok(())
+    }
+
     pub fn version(&self) -> Option<&str> {
         self.settings.version.as_deref()
     }
@@ -186,10 +197,14 @@ impl ModelHandle {
     async fn run(&self, mut req: InferRequest, arrival: Instant) -> Result<InferResponse> {
         crate::telemetry::record_version(self.version());
         protocol::validate(&mut req, &self.name, &self.signature)?;
-        let (tensors, tag) = self
+        let classify = std::mem::take(&mut req.classify);
+        let (mut tensors, tag) = self
             .batcher
             .submit(req.inputs, req.outputs.as_deref(), arrival, req.schedule)
             .await?;
+        for (name, n) in &classify {
+            self.classify(&mut tensors, name, *n)?;
+        }
         Ok(InferResponse {
             model_name: self.batcher.model().clone(),
             // The version that computed it: a request handed over to the

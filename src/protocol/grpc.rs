@@ -11,7 +11,7 @@ use bytes::Bytes;
 
 use super::shm::{self, NoRegions, Regions, ShmRef};
 use super::v2::{self, MetadataTensor, ModelMetadata};
-use super::{binary, InferRequest, InferResponse};
+use super::{binary, classification, InferRequest, InferResponse};
 use crate::error::Error;
 use crate::tensor::{DataType, Tensor, TensorData};
 
@@ -30,11 +30,6 @@ use inference::{InferParameter, InferTensorContents, ModelInferRequest, ModelInf
 /// `None` for the empty string (protobuf's "not given").
 pub fn non_empty(s: &str) -> Option<&str> {
     (!s.is_empty()).then_some(s)
-}
-
-/// Refuses parameters of extensions sluice does not serve.
-fn refuse_unsupported(params: &HashMap<String, InferParameter>, what: &str) -> Result<(), Error> {
-    super::refuse_unsupported(params.keys(), what)
 }
 
 impl TryFrom<ModelInferRequest> for InferRequest {
@@ -58,7 +53,6 @@ pub fn decode_request(
     req: ModelInferRequest,
     regions: &dyn Regions,
 ) -> Result<(InferRequest, HashMap<String, ShmRef>), Error> {
-    refuse_unsupported(&req.parameters, "request")?;
     let schedule = super::schedule_params(
         int_param(&req.parameters, "timeout"),
         int_param(&req.parameters, "priority"),
@@ -91,11 +85,14 @@ pub fn decode_request(
         .collect::<Result<_, _>>()?;
     let mut outputs = Vec::with_capacity(req.outputs.len());
     let mut in_shm = HashMap::new();
+    let mut classify = Vec::new();
     for o in req.outputs {
         let what = format!("output `{}`", o.name);
-        refuse_unsupported(&o.parameters, &what)?;
         if let Some(at) = shm::from_grpc(&o.parameters, &what)? {
             in_shm.insert(o.name.clone(), at);
+        }
+        if let Some(n) = classification::from_grpc(&o.parameters, &what)? {
+            classify.push((o.name.clone(), n));
         }
         outputs.push(o.name);
     }
@@ -104,6 +101,7 @@ pub fn decode_request(
         inputs,
         outputs: (!outputs.is_empty()).then_some(outputs),
         schedule,
+        classify,
     };
     Ok((request, in_shm))
 }
@@ -143,7 +141,6 @@ fn int_param(params: &HashMap<String, InferParameter>, key: &str) -> Option<Resu
 
 fn decode_input(input: InferInputTensor, raw: Option<Bytes>) -> Result<Tensor, Error> {
     let what = format!("input `{}`", input.name);
-    refuse_unsupported(&input.parameters, &what)?;
     let dtype = v2::parse_datatype(&what, &input.datatype)?;
     let (shape, count) = v2::parse_shape(&what, &input.shape)?;
     let data = match (raw, input.contents) {

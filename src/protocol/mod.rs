@@ -8,6 +8,7 @@
 //! server sees only these types. Pure: serde and data, no I/O.
 
 pub mod binary;
+pub mod classification;
 pub mod grpc;
 mod json;
 pub mod model_config;
@@ -32,6 +33,9 @@ pub struct InferRequest {
     pub outputs: Option<Vec<String>>,
     /// Its schedule-policy parameters (`timeout`, `priority`).
     pub schedule: Schedule,
+    /// Requested outputs to answer with their top classes (Triton's
+    /// classification extension): (output, how many).
+    pub classify: Vec<(String, usize)>,
 }
 
 /// Triton's schedule-policy parameters of one request.
@@ -203,28 +207,6 @@ pub(crate) fn schedule_params(
     Ok(Schedule { timeout, priority })
 }
 
-/// Refuses a request that uses a parameter of an extension sluice does not
-/// serve (shared memory, classification); `keys` are the parameter names of
-/// the request, input or output that `what` names. The client asked for
-/// something this server does not offer (its metadata lists no such
-/// extension), so it is a bad request (400, INVALID_ARGUMENT), not a server
-/// failure (501), as Triton answers for a shared-memory region it does not know.
-pub(crate) fn refuse_unsupported<'a>(
-    keys: impl IntoIterator<Item = &'a String>,
-    what: &str,
-) -> Result<(), Error> {
-    for key in keys {
-        let extension = match key.as_str() {
-            "classification" => "classification",
-            _ => continue,
-        };
-        return Err(Error::invalid(format!(
-            "{what}: parameter `{key}` belongs to the {extension} extension, which sluice does not serve"
-        )));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,6 +246,7 @@ mod tests {
         let outputs = outputs.map(|o| o.into_iter().map(String::from).collect());
         let mut req = InferRequest {
             schedule: Default::default(),
+            classify: Vec::new(),
             id: None,
             inputs,
             outputs,

@@ -16,7 +16,7 @@ use serde_json::{json, Map, Value};
 use super::json::{self, JsonElements};
 use super::shm::{self, Regions, ShmRef};
 use super::v2::{self, InferenceRequest, JsonResponse, RequestInput};
-use super::{binary, InferRequest, InferResponse};
+use super::{binary, classification, InferRequest, InferResponse};
 use crate::error::Error;
 use crate::tensor::{DataType, Tensor};
 
@@ -70,11 +70,6 @@ fn bool_param(params: Option<&Map<String, Value>>, key: &str, what: &str) -> Res
     }
 }
 
-/// Refuses parameters of extensions sluice does not serve.
-fn refuse_unsupported(params: Option<&Map<String, Value>>, what: &str) -> Result<(), Error> {
-    super::refuse_unsupported(params.into_iter().flat_map(|p| p.keys()), what)
-}
-
 /// Splits `body` at the JSON header length given by the [`HEADER_LENGTH`]
 /// header (`header`, its raw value), decodes the JSON, and reads each binary
 /// input from the bytes after it. Every mismatch (a header larger than the
@@ -114,7 +109,6 @@ pub(crate) fn decode_request_serde(
         )),
         None => Error::invalid(format!("invalid JSON body: {e}")),
     })?;
-    refuse_unsupported(wire.parameters.as_ref(), "request")?;
     let all = bool_param(wire.parameters.as_ref(), "binary_data_output", "request")?.unwrap_or(false);
     let schedule = super::v2::schedule(wire.parameters.as_ref())?;
 
@@ -141,13 +135,16 @@ pub(crate) fn decode_request_serde(
 
     let mut per_output = HashMap::new();
     let mut in_shm = HashMap::new();
+    let mut classify = Vec::new();
     let outputs = match wire.outputs {
         None => None,
         Some(outs) => {
             let mut names = Vec::with_capacity(outs.len());
             for o in outs {
                 let what = format!("output `{}`", o.name);
-                refuse_unsupported(o.parameters.as_ref(), &what)?;
+                if let Some(n) = classification::from_json(o.parameters.as_ref(), &what)? {
+                    classify.push((o.name.clone(), n));
+                }
                 if let Some(b) = bool_param(o.parameters.as_ref(), "binary_data", &what)? {
                     per_output.insert(o.name.clone(), b);
                 }
@@ -165,6 +162,7 @@ pub(crate) fn decode_request_serde(
             inputs,
             outputs,
             schedule,
+            classify,
         },
         outputs: OutputEncoding {
             all,
@@ -215,7 +213,6 @@ impl Binary<'_, '_> {
     /// `binary_data_size` bytes, or from a shared-memory region.
     fn input(&mut self, input: RequestInput<'_>) -> Result<Tensor, Error> {
         let what = format!("input `{}`", input.name);
-        refuse_unsupported(input.parameters.as_ref(), &what)?;
         if let Some(at) = shm::from_json(input.parameters.as_ref(), &what)? {
             if input.data.is_some() || binary_size(&input, &what)?.is_some() {
                 return Err(Error::invalid(format!(

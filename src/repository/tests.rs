@@ -96,6 +96,7 @@ async fn y_of_ones(model: &crate::model::ModelHandle) -> Result<f32, crate::erro
     let x = Tensor::new("x", vec![1, 2], TensorData::F32(vec![1.0, 1.0])).unwrap();
     let req = InferRequest {
         schedule: Default::default(),
+        classify: Vec::new(),
         id: None,
         inputs: vec![x],
         outputs: None,

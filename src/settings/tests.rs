@@ -84,6 +84,7 @@ fn full_file_with_every_field() {
         unused: Vec::new(),
         ignored: Vec::new(),
         triton_config: None,
+        labels: Default::default(),
     };
     assert_eq!(s, expected);
 }

@@ -303,7 +303,6 @@ impl Tensor for inference::ModelOutput {
         let set = [
             (self.reshape.is_some(), "reshape"),
             (self.is_shape_tensor, "is_shape_tensor"),
-            (!self.label_filename.is_empty(), "label_filename"),
         ];
         set.iter().filter(|(s, _)| *s).map(|(_, f)| *f).collect()
     }

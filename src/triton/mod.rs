@@ -77,6 +77,15 @@ pub fn settings_for(
         ));
     }
     settings.triton_config = Some(config::to_json(config));
+    for o in config.output.iter().filter(|o| !o.label_filename.is_empty()) {
+        let file = dir.join(&o.label_filename);
+        let text = read_config(&file)
+            .map_err(|e| format!("output `{}`: label_filename `{}`: {e}", o.name, o.label_filename))?;
+        let labels = text.lines().map(str::to_string).collect();
+        settings
+            .labels
+            .insert(o.name.clone(), std::sync::Arc::new(labels));
+    }
     Ok(settings)
 }
 

@@ -177,12 +177,19 @@ fn output_encoding_follows_request_and_output_parameters() {
 }
 
 #[test]
-fn other_extensions_are_unsupported() {
+fn classification_is_read_from_a_requested_output() {
     let mut header = one_binary_input(json!(8));
     header["outputs"] = json!([{"name": "a", "parameters": {"classification": 3}}]);
+    let d = decode(header.clone(), &[&[0; 8]]).unwrap();
+    assert_eq!(d.request.classify, vec![("a".to_string(), 3)]);
+    header["outputs"] = json!([{"name": "a", "parameters": {"classification": "3"}}]);
     let e = decode(header, &[&[0; 8]]).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidInput);
-    assert!(e.to_string().contains("classification extension"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("output `a`: parameter `classification` must be a positive integer"),
+        "{e}"
+    );
 }
 
 fn response() -> InferResponse {
