@@ -35,6 +35,14 @@ pub struct ModelEntry {
     pub pinned: bool,
 }
 
+/// A request found model `name` not resident: the repository task loads it
+/// (evicting others if the budgets need it) and answers on `reply`. The
+/// registry sends these; the repository task holds the receiver.
+pub struct Demand {
+    pub name: String,
+    pub reply: oneshot::Sender<Result<Arc<ModelHandle>, Error>>,
+}
+
 /// How requests wait for a model that is not resident: within its
 /// `timeout`, and at most `max_queue_size` of them at once.
 #[derive(Debug)]
@@ -94,7 +102,7 @@ pub struct Registry {
     /// (set once when the task starts; the task holds the receiver).
     /// Weak: the task holds this registry, and stops when the last strong
     /// sender (the repository handles) is gone.
-    demands: OnceLock<mpsc::WeakUnboundedSender<super::Command>>,
+    demands: OnceLock<mpsc::WeakUnboundedSender<Demand>>,
 }
 
 impl Registry {
@@ -167,7 +175,7 @@ impl Registry {
         let (reply, rx) = oneshot::channel();
         let name_owned = name.to_string();
         if demands
-            .send(super::Command::Demand {
+            .send(Demand {
                 name: name_owned,
                 reply,
             })
@@ -205,7 +213,7 @@ impl Registry {
     }
 
     /// Where [`Registry::serve`] sends the loads it asks for (the repository task, once).
-    pub(super) fn take_demands(&self, tx: &mpsc::UnboundedSender<super::Command>) {
+    pub(super) fn take_demands(&self, tx: &mpsc::UnboundedSender<Demand>) {
         let _ = self.demands.set(tx.downgrade());
     }
 
