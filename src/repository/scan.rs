@@ -59,7 +59,9 @@ pub fn read_folder(
     let file = dir.join(SETTINGS_FILE);
     let triton = crate::triton::is_model_folder(dir);
     if triton && file.exists() {
-        tracing::warn!(folder = %dir.display(), "the folder holds both {SETTINGS_FILE} and Triton's {}; {SETTINGS_FILE} is used", crate::triton::CONFIG_FILE);
+        if first_time(dir, "both layouts") {
+            tracing::warn!(folder = %dir.display(), "the folder holds both {SETTINGS_FILE} and Triton's {}; {SETTINGS_FILE} is used", crate::triton::CONFIG_FILE);
+        }
     } else if triton {
         return crate::triton::read_folder(dir, folder, defaults).map(Some);
     }
