@@ -245,16 +245,21 @@ fn overridden(
     Ok(s)
 }
 
+/// Whether `what` is said of folder `dir` for the first time in this
+/// process: a rescan runs on every change anywhere in the repository, and a
+/// folder's standing note would otherwise be logged each time.
+fn first_time(dir: &Path, what: &'static str) -> bool {
+    static SAID: std::sync::Mutex<std::collections::BTreeSet<(PathBuf, &'static str)>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    SAID.lock()
+        .map(|mut n| n.insert((dir.to_path_buf(), what)))
+        .unwrap_or(false)
+}
+
 /// Names, once per folder and process, a folder of the repository that is
 /// not a model folder, with why.
 fn not_a_model(dir: &Path) {
-    static NAMED: std::sync::Mutex<std::collections::BTreeSet<PathBuf>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    let first = NAMED
-        .lock()
-        .map(|mut n| n.insert(dir.to_path_buf()))
-        .unwrap_or(false);
-    if first {
+    if first_time(dir, "not a model") {
         tracing::info!(
             folder = %dir.display(),
             "not a model folder, skipped: it holds no {SETTINGS_FILE}, no {}, no numbered version folder with a {} and no *.onnx file",
