@@ -433,3 +433,40 @@ async fn http_worker_threads_sets_the_async_runtimes_workers() {
         assert_eq!(wait_for(&mut child, Duration::from_secs(30)).code(), Some(0));
     }
 }
+
+/// `sluice check` on a Triton folder: the version that serves, and each
+/// `config.pbtxt` field sluice does not honour, named with why.
+#[test]
+fn check_reads_a_triton_folder_and_names_what_it_does_not_honour() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("simple");
+    copy_dir(
+        &root().join("tests/fixtures/triton/model_repository/simple"),
+        &folder,
+    );
+    let config = std::fs::read_to_string(folder.join("config.pbtxt")).unwrap()
+        + "\ndynamic_batching { preferred_batch_size: [ 4 ] }\nresponse_cache { enable: true }\n";
+    std::fs::write(folder.join("config.pbtxt"), config).unwrap();
+    let mut cmd = sluice();
+    cmd.arg("check").arg(&folder);
+    let (status, out, err) = run(cmd);
+    assert!(status.success(), "{status}: {out}\n{err}");
+    assert!(
+        out.starts_with("model simple OK") && out.contains("1/model.onnx"),
+        "{out}"
+    );
+    let named: Vec<&str> = out.lines().filter(|l| l.starts_with("not honoured: ")).collect();
+    assert_eq!(named.len(), 2, "{out}");
+    assert!(
+        named[0].contains("`dynamic_batching.preferred_batch_size`"),
+        "{out}"
+    );
+    assert!(named[1].contains("`response_cache`"), "{out}");
+    // Another platform: refused, naming it.
+    std::fs::write(folder.join("config.pbtxt"), "platform: \"tensorrt_plan\"\n").unwrap();
+    let mut cmd = sluice();
+    cmd.arg("check").arg(&folder);
+    let (status, out, err) = run(cmd);
+    assert!(!status.success(), "{out}");
+    assert!(err.contains("`platform` is \"tensorrt_plan\""), "{err}");
+}

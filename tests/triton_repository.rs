@@ -331,3 +331,53 @@ async fn classification_answers_the_top_classes_with_their_labels() {
     );
     s.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_config_edit_keeps_the_last_good_version_serving_and_says_why() {
+    let repo = repo_with(&[]);
+    triton_model(
+        repo.path(),
+        "sums",
+        Some("max_batch_size: 8\n"),
+        &[(1, "scalar_out")],
+    );
+    triton_model(
+        repo.path(),
+        "other",
+        Some("backend: \"python\"\n"),
+        &[(1, "scalar_out")],
+    );
+    let s = TestServer::start(repo.path()).await;
+    // Another backend: listed as failed to load, naming it.
+    let entry = s.wait_state("other", "UNAVAILABLE").await;
+    assert!(
+        entry["reason"]
+            .as_str()
+            .unwrap()
+            .contains("`backend` is \"python\""),
+        "{entry}"
+    );
+    // A mistake in a serving model's config: the model keeps serving, the index says why.
+    std::fs::write(
+        repo.path().join("sums/config.pbtxt"),
+        "max_batch_size: 8\ninput [ { name: \"x\" dim: [ 4 ] } ]\n",
+    )
+    .unwrap();
+    let entry = wait_for("the refused edit to show", || async {
+        s.index_entry("sums")
+            .await
+            .filter(|e| e["reason"].as_str().is_some_and(|r| r.contains("line 2")))
+    })
+    .await;
+    assert_eq!(entry["state"], "READY", "{entry}");
+    assert!(
+        entry["reason"]
+            .as_str()
+            .unwrap()
+            .contains("field 'dim' not found"),
+        "{entry}"
+    );
+    let (st, r) = s.post("/v2/models/sums/infer", &sums_request()).await;
+    assert_eq!((st, total(&r)), (200, 10.0), "{r}");
+    s.stop().await.unwrap();
+}
