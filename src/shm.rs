@@ -276,6 +276,14 @@ impl Regions for SharedMemory {
     }
 }
 
+/// The answer for the status of CUDA region `name`: none is ever registered.
+pub fn cuda_not_found(name: &str) -> Error {
+    Error::NotFound(format!(
+        "Unable to find cuda shared memory region: '{}'",
+        crate::error::clip(name)
+    ))
+}
+
 /// The refusal of a CUDA shared-memory registration.
 pub fn cuda_refused(name: &str) -> Error {
     Error::invalid(format!(

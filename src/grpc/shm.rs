@@ -44,9 +44,6 @@ pub fn cuda_status(name: &str) -> Result<CudaSharedMemoryStatusResponse, Error> 
         None => Ok(CudaSharedMemoryStatusResponse {
             regions: HashMap::<String, cuda_shared_memory_status_response::RegionStatus>::new(),
         }),
-        Some(n) => Err(Error::NotFound(format!(
-            "Unable to find cuda shared memory region: '{}'",
-            crate::error::clip(n)
-        ))),
+        Some(n) => Err(crate::shm::cuda_not_found(n)),
     }
 }

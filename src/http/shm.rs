@@ -70,10 +70,7 @@ pub async fn cuda_status_all() -> Json<Value> {
 
 /// `GET /v2/cudasharedmemory/region/{name}/status`.
 pub async fn cuda_status(ApiPath(name): ApiPath<String>) -> ApiError {
-    ApiError(Error::NotFound(format!(
-        "Unable to find cuda shared memory region: '{}'",
-        crate::error::clip(&name)
-    )))
+    ApiError(crate::shm::cuda_not_found(&name))
 }
 
 /// `POST /v2/cudasharedmemory/region/{name}/register`: refused.

@@ -42,7 +42,7 @@ impl ModelHandle {
             .settings
             .triton_config
             .as_ref()
-            .and_then(|json| crate::triton::config::from_json(&json.to_string()).ok())
+            .and_then(|json| crate::triton::config::from_value(json).ok())
         else {
             return derived;
         };

@@ -240,9 +240,7 @@ fn overridden(
     let on_disk = read_folder(root, dir, folder, defaults)?
         .ok_or_else(|| format!("{}: not a model folder", dir.display()))?;
     let version = on_disk.version.clone().unwrap_or_else(|| "1".into());
-    let mut s = crate::triton::mapping::settings(config, folder, &version, &on_disk.uri, defaults)?;
-    s.triton_config = Some(crate::triton::config::to_json(config));
-    Ok(s)
+    crate::triton::mapping::settings(config, folder, &version, &on_disk.uri, defaults)
 }
 
 /// Whether `what` is said of folder `dir` for the first time in this

@@ -49,6 +49,13 @@ pub fn from_json(text: &str) -> Result<ModelConfig, String> {
     transcode(&message)
 }
 
+/// A configuration [`to_json`] wrote (what settings keep): read back without
+/// going through its text.
+pub fn from_value(value: &serde_json::Value) -> Result<ModelConfig, String> {
+    let message = DynamicMessage::deserialize(descriptor(), value).map_err(|e| e.to_string())?;
+    transcode(&message)
+}
+
 /// The configuration as Triton's HTTP API writes it.
 pub fn to_json(config: &ModelConfig) -> serde_json::Value {
     let mut message = DynamicMessage::new(descriptor());

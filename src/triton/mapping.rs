@@ -35,6 +35,7 @@ pub fn settings(
     let mut settings =
         ModelSettings::parse_with_uri(&text, name, defaults, uri).map_err(|e| e.to_string())?;
     settings.ignored = ignored;
+    settings.triton_config = Some(super::config::to_json(config));
     Ok(settings)
 }
 

@@ -32,15 +32,16 @@ pub fn is_model_folder(dir: &Path) -> bool {
 /// and the settings of the version that serves. Messages name the file.
 pub fn read_folder(dir: &Path, name: &str, defaults: &ModelDefaults) -> Result<ModelSettings, String> {
     let file = dir.join(CONFIG_FILE);
-    let config = match read_config(&file) {
-        Ok(text) => config::from_text(&text).map_err(|e| format!("{}: {e}", file.display()))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => ModelConfig::default(),
+    // Without a config.pbtxt, messages name the folder.
+    let (config, shown) = match read_config(&file) {
+        Ok(text) => {
+            let config = config::from_text(&text).map_err(|e| format!("{}: {e}", file.display()))?;
+            (config, file.display())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (ModelConfig::default(), dir.display()),
         Err(e) => return Err(format!("{}: {e}", file.display())),
     };
-    settings_for(dir, name, &config, defaults).map_err(|e| match dir.join(CONFIG_FILE).exists() {
-        true => format!("{}: {e}", file.display()),
-        false => format!("{}: {e}", dir.display()),
-    })
+    settings_for(dir, name, &config, defaults).map_err(|e| format!("{shown}: {e}"))
 }
 
 /// The settings of the version of `dir` that serves under `config` (what a
@@ -76,7 +77,6 @@ pub fn settings_for(
             rest.join(", ")
         ));
     }
-    settings.triton_config = Some(config::to_json(config));
     for o in config.output.iter().filter(|o| !o.label_filename.is_empty()) {
         let file = dir.join(&o.label_filename);
         let text = read_config(&file)
