@@ -381,3 +381,20 @@ async fn a_broken_config_edit_keeps_the_last_good_version_serving_and_says_why()
     assert_eq!((st, total(&r)), (200, 10.0), "{r}");
     s.stop().await.unwrap();
 }
+
+/// A load with a configuration reaches a model whose name is not its
+/// folder's (a `model-settings.json` `name`), and the model keeps its name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_override_applies_to_a_model_named_apart_from_its_folder() {
+    let repo = repo_with(&[]);
+    add_model(repo.path(), "scalar_out", "folder", r#"{"name": "named"}"#);
+    let s = TestServer::start(repo.path()).await;
+    let config = json!({"parameters": {"config": "{\"max_batch_size\": 4}"}});
+    let (st, r) = s.post("/v2/repository/models/named/load", &config).await;
+    assert_eq!(st, 200, "{r}");
+    let (st, c) = s.get("/v2/models/named/config").await;
+    assert_eq!((st, &c["max_batch_size"]), (200, &json!(4)), "{c}");
+    let (st, r) = s.post("/v2/models/named/infer", &sums_request()).await;
+    assert_eq!((st, total(&r)), (200, 10.0), "{r}");
+    s.stop().await.unwrap();
+}

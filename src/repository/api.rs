@@ -23,10 +23,16 @@ impl Repository {
         };
         check_name(name)?;
         // The override stands in for the folder's configuration from now on;
-        // a load without one goes back to the folder's own.
+        // a load without one goes back to the folder's own. Kept by folder,
+        // as the scan reads them: a model's name may differ from its folder's.
+        let folder = self
+            .tracked
+            .values()
+            .find(|t| t.name == name)
+            .map_or_else(|| name.to_string(), |t| t.folder.clone());
         match config {
-            Some(c) => self.overrides.insert(name.to_string(), c),
-            None => self.overrides.remove(name),
+            Some(c) => self.overrides.insert(folder, c),
+            None => self.overrides.remove(&folder),
         };
         let (md, now) = self.find_folder(name).await?;
         if let Some(t) = self.tracked.get_mut(&md.folder) {

@@ -240,7 +240,7 @@ fn overridden(
     let on_disk = read_folder(root, dir, folder, defaults)?
         .ok_or_else(|| format!("{}: not a model folder", dir.display()))?;
     let version = on_disk.version.clone().unwrap_or_else(|| "1".into());
-    crate::triton::mapping::settings(config, folder, &version, &on_disk.uri, defaults)
+    crate::triton::mapping::settings(config, &on_disk.name, &version, &on_disk.uri, defaults)
 }
 
 /// Whether `what` is said of folder `dir` for the first time in this
