@@ -60,8 +60,12 @@ enum Command {
         name: String,
         reply: oneshot::Sender<Result<(), Error>>,
     },
-    /// A request found the model not resident (from the registry).
-    Demand(registry::Demand),
+    /// A request found the model not resident: load it (evicting others if
+    /// the budgets need it) and answer with it.
+    Demand {
+        name: String,
+        reply: oneshot::Sender<Result<Arc<ModelHandle>, Error>>,
+    },
 }
 
 /// Handle to the repository task. Cheap to clone.
@@ -70,9 +74,6 @@ pub struct RepositoryHandle {
     /// Commands to the repository task, which holds the receiver; it stops
     /// when every handle (and the watcher's forwarder) is gone.
     commands: mpsc::UnboundedSender<Command>,
-    /// The registry's loads for requests; the registry holds only a weak
-    /// sender, so this one keeps the channel open while a handle lives.
-    _demands: mpsc::UnboundedSender<registry::Demand>,
     registry: Arc<Registry>,
 }
 
@@ -221,11 +222,9 @@ impl Repository {
         mut rescan: mpsc::UnboundedReceiver<()>,
     ) -> (RepositoryHandle, oneshot::Receiver<Result<(), String>>) {
         let (commands, mut rx) = mpsc::unbounded_channel();
-        let (demands, mut demand_rx) = mpsc::unbounded_channel();
-        self.registry.take_demands(&demands);
+        self.registry.take_demands(&commands);
         let handle = RepositoryHandle {
             commands: commands.clone(),
-            _demands: demands,
             registry: self.registry.clone(),
         };
         let (loaded_tx, loaded_rx) = oneshot::channel();
@@ -247,12 +246,7 @@ impl Repository {
                 .unwrap_or_else(|e| Err(e.to_string()));
             repo.reason = LoadReason::Reload;
             let _ = loaded_tx.send(first);
-            loop {
-                let cmd = tokio::select! {
-                    Some(cmd) = rx.recv() => cmd,
-                    Some(demand) = demand_rx.recv() => Command::Demand(demand),
-                    else => break,
-                };
+            while let Some(cmd) = rx.recv().await {
                 repo.run(cmd).await;
             }
         });
@@ -277,7 +271,7 @@ impl Repository {
                 self.reason = LoadReason::Reload;
                 let _ = reply.send(r.and_then(|r| r));
             }
-            Command::Demand(registry::Demand { name, reply }) => {
+            Command::Demand { name, reply } => {
                 let what = format!("loading `{name}` for a request");
                 self.reason = LoadReason::OnDemand;
                 let r = supervised(&what, self.demand(&name)).await;

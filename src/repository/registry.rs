@@ -35,14 +35,6 @@ pub struct ModelEntry {
     pub pinned: bool,
 }
 
-/// A request found model `name` not resident: the repository task loads it
-/// (evicting others if the budgets need it) and answers on `reply`. The
-/// registry sends these; the repository task holds the receiver.
-pub struct Demand {
-    pub name: String,
-    pub reply: oneshot::Sender<Result<Arc<ModelHandle>, Error>>,
-}
-
 /// How requests wait for a model that is not resident: within its
 /// `timeout`, and at most `max_queue_size` of them at once.
 #[derive(Debug)]
@@ -102,7 +94,7 @@ pub struct Registry {
     /// (set once when the task starts; the task holds the receiver).
     /// Weak: the task holds this registry, and stops when the last strong
     /// sender (the repository handles) is gone.
-    demands: OnceLock<mpsc::WeakUnboundedSender<Demand>>,
+    demands: OnceLock<mpsc::WeakUnboundedSender<super::Command>>,
 }
 
 impl Registry {
@@ -175,7 +167,7 @@ impl Registry {
         let (reply, rx) = oneshot::channel();
         let name_owned = name.to_string();
         if demands
-            .send(Demand {
+            .send(super::Command::Demand {
                 name: name_owned,
                 reply,
             })
@@ -213,7 +205,7 @@ impl Registry {
     }
 
     /// Where [`Registry::serve`] sends the loads it asks for (the repository task, once).
-    pub(super) fn take_demands(&self, tx: &mpsc::UnboundedSender<Demand>) {
+    pub(super) fn take_demands(&self, tx: &mpsc::UnboundedSender<super::Command>) {
         let _ = self.demands.set(tx.downgrade());
     }
 
