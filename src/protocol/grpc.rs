@@ -114,14 +114,7 @@ fn from_region(input: InferInputTensor, at: &ShmRef, regions: &dyn Regions) -> R
             "{what}: has both `contents` and `shared_memory_region`; send one of them"
         )));
     }
-    let dtype = v2::parse_datatype(&what, &input.datatype)?;
-    let (shape, _) = v2::parse_shape(&what, &input.shape)?;
-    let data = regions.read(at, &what, &mut |b| binary::decode(&what, dtype, &shape, b))?;
-    Ok(Tensor {
-        name: input.name,
-        shape,
-        data,
-    })
+    shm::read_input(input.name, &input.datatype, &input.shape, at, regions)
 }
 
 /// Parameter `key` as a non-negative integer (Triton's clients send

@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 
 use super::grpc::inference::{infer_parameter::ParameterChoice, InferParameter};
 use crate::error::Error;
-use crate::tensor::TensorData;
+use crate::tensor::{Tensor, TensorData};
 
 /// Where a tensor's bytes are: `byte_size` bytes at `offset` of `region`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +46,23 @@ impl Regions for NoRegions {
     ) -> Result<TensorData, Error> {
         Err(not_registered(&at.region, what))
     }
+}
+
+/// An input whose bytes are `at`, in a region: its datatype and shape as
+/// the request gives them, its elements read through `regions` as the
+/// binary extension encodes them.
+pub fn read_input(
+    name: String,
+    datatype: &str,
+    shape: &[i64],
+    at: &ShmRef,
+    regions: &dyn Regions,
+) -> Result<Tensor, Error> {
+    let what = format!("input `{name}`");
+    let dtype = super::v2::parse_datatype(&what, datatype)?;
+    let (shape, _) = super::v2::parse_shape(&what, shape)?;
+    let data = regions.read(at, &what, &mut |b| super::binary::decode(&what, dtype, &shape, b))?;
+    Ok(Tensor { name, shape, data })
 }
 
 /// The error for a region that is not registered.

@@ -219,16 +219,7 @@ impl Binary<'_, '_> {
                     "{what}: has `shared_memory_region` and also `data` or `binary_data_size`; send one of them"
                 )));
             }
-            let dtype = v2::parse_datatype(&what, &input.datatype)?;
-            let (shape, _) = v2::parse_shape(&what, &input.shape)?;
-            let data = self
-                .regions
-                .read(&at, &what, &mut |b| binary::decode(&what, dtype, &shape, b))?;
-            return Ok(Tensor {
-                name: input.name,
-                shape,
-                data,
-            });
+            return shm::read_input(input.name, &input.datatype, &input.shape, &at, self.regions);
         }
         let Some(size) = binary_size(&input, &what)? else {
             return v2::decode_input(input);
