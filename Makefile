@@ -17,9 +17,9 @@ serve-gpu: $(MINILM)
 	LD_LIBRARY_PATH="$$(scripts/fetch-cuda-libs.sh)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \
 	  cargo run --release -- serve --onnxruntime-library .ort/gpu/libonnxruntime.so.1.31.1
 
-## test: every test (unit + end-to-end against real ONNX Runtime and the standard clients)
+## test: every test (unit + end-to-end against real ONNX Runtime and the standard clients; one-shot build, so no incremental cache)
 test: setup test-clients
-	cargo test
+	CARGO_INCREMENTAL=0 cargo test
 
 ## bench: end-to-end serving benchmark, prints Markdown tables (benches/README.md)
 bench: setup
