@@ -148,3 +148,47 @@ fn the_checker_sees_an_upward_import() {
     assert_eq!(uses, vec![(1, "model".to_string())]);
     assert!(layer("model") > layer("batcher"));
 }
+
+/// The repository's parts that the task uses (its registry, lifecycle,
+/// residency planner, scan and load steps) use each other, never the task
+/// in `repository/mod.rs` or the files that extend it (`api.rs`,
+/// `effects.rs`, `resident.rs`): `super::x` names a sibling module only.
+#[test]
+fn the_repository_parts_do_not_reach_up_into_its_task() {
+    const PARTS: &[&str] = &[
+        "diff",
+        "files",
+        "lifecycle",
+        "load",
+        "registry",
+        "residency",
+        "scan",
+        "warm",
+        "watcher",
+    ];
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/repository");
+    let mut problems = Vec::new();
+    for part in PARTS {
+        let file = dir.join(format!("{part}.rs"));
+        let text = std::fs::read_to_string(&file).unwrap();
+        // A part's own unit tests (`mod tests { use super::*; }`) are its own.
+        let code = text.split("#[cfg(test)]").next().unwrap();
+        for (n, line) in code.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for (i, _) in code.match_indices("super::") {
+                let name: String = code[i + "super::".len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if !PARTS.contains(&name.as_str()) {
+                    problems.push(format!(
+                        "{}:{}: `super::{name}` reaches into the repository task",
+                        file.display(),
+                        n + 1
+                    ));
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

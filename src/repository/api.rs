@@ -4,6 +4,7 @@
 //! happened to it; an unload pins the model unloaded until the next load.
 
 use super::diff::Stamp;
+use super::lifecycle::Event;
 use super::scan::{self, ModelDir};
 use super::{blocking, Repository};
 use crate::error::Error;
@@ -35,17 +36,17 @@ impl Repository {
             None => self.overrides.remove(&folder),
         };
         let (md, now) = self.find_folder(name).await?;
-        if let Some(t) = self.tracked.get_mut(&md.folder) {
-            t.pinned_unloaded = false;
-        }
-        let force = self.tracked.get(&md.folder).is_some_and(|t| t.serving.is_none());
+        let force = self
+            .tracked
+            .get(&md.folder)
+            .is_some_and(|t| t.phase.serving().is_none());
         let folder = md.folder.clone();
         self.apply(md, now, force).await;
         let t = self
             .tracked
             .get(&folder)
             .ok_or_else(|| Error::NotFound(format!("model `{name}`: not loaded")))?;
-        if let Some(refused) = &t.refused {
+        if let Some(refused) = t.phase.refused() {
             return Err(refused.to_error(name));
         }
         match self.registry.get(&t.name) {
@@ -64,20 +65,13 @@ impl Repository {
         check_name(name)?;
         let t = self
             .tracked
-            .values_mut()
+            .values()
             .find(|t| t.name == name)
             .ok_or_else(|| Error::ModelNotFound(crate::error::clip(name).into_owned()))?;
-        t.pinned_unloaded = true;
-        t.cold = None;
-        if let Some((h, _)) = t.serving.take() {
-            h.batcher().retire();
-            super::forget_device_memory(&t.name, &h);
-        }
-        let (name, dir) = (t.name.clone(), t.dir.clone());
+        let folder = t.folder.clone();
         tracing::info!(model = %name, "unloaded through the repository API; accepted requests finish first");
-        metrics::model_reload(&name, "unloaded");
-        let reason = super::registry::UNLOADED_BY_API.to_string();
-        self.publish(&name, &dir, ModelState::Unavailable { reason }, None, None);
+        metrics::model_reload(name, "unloaded");
+        self.transition(&folder, Event::ApiUnload);
         Ok(())
     }
 

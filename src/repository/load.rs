@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{describe, warm};
+use super::warm;
 use crate::batcher::{layout, Batcher, Batching, Layout, Padding};
 use crate::error::error_chain;
 use crate::error::Error;
@@ -231,4 +231,13 @@ pub fn effective(serving: &ModelHandle, mut settings: ModelSettings) -> ModelSet
         settings.batching.max_batch_size = settings.batching.max_batch_size.min(1);
     }
     settings
+}
+
+/// `name: DTYPE[dims]` for each tensor, for logs.
+pub fn describe(specs: &[crate::tensor::TensorSpec]) -> String {
+    specs
+        .iter()
+        .map(|t| format!("{}: {}{:?}", t.name, t.dtype, t.shape))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -4,43 +4,47 @@
 //! load/unload commands, one at a time, so that reloads of a model are
 //! serialized. Handlers only read the [`Registry`].
 //!
-//! Per folder, a rescan decides (see `diff.rs`): added → load; removed →
-//! unregister (accepted requests still finish: they hold the old version's
-//! `Arc`); batching-only change → applied to the running batcher in place;
-//! file or session change → load the new version beside the old, warm it,
-//! swap, hand the old version's queue to the new one; broken change → keep
-//! the last good version serving and report why (log, index, metric).
+//! Per folder, a rescan decides what changed (see `diff.rs`) and hands it
+//! to the folder's lifecycle (`lifecycle.rs`, one pure transition function)
+//! as an event; `effects.rs` carries out what the lifecycle says: added →
+//! load (or rest on disk, as residency says); removed → retire (accepted
+//! requests still finish: they hold the old version's `Arc`);
+//! batching-only change → applied to the running batcher in place; file or
+//! session change → load the new version beside the old, warm it, swap,
+//! hand the old version's queue to the new one; broken change → keep the
+//! last good version serving and report why (log, index, metric).
 
 mod api;
 pub mod diff;
+mod effects;
 pub mod files;
+pub mod lifecycle;
 mod load;
 pub mod registry;
 pub mod residency;
 mod resident;
 pub mod scan;
-mod swap;
 pub mod warm;
 pub mod watcher;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
 pub use api::load_parameters;
-pub use load::{check_loaded, Checked};
+pub use load::{check_loaded, describe, Checked};
 pub use registry::{ModelEntry, ReadyRule, Registry};
 
 use crate::error::Error;
 use crate::metrics;
-use crate::model::state::ModelState;
 use crate::model::ModelHandle;
 use crate::pool::Pool;
 use crate::runtime::Runtime;
 use crate::settings::ModelDefaults;
 use diff::{classify, Change, FileStamp, Stamp};
+use lifecycle::{Event, Phase};
 use load::LoadError;
 use scan::ModelDir;
 
@@ -125,19 +129,22 @@ struct Tracked {
     /// What the folder looked like at the last attempt (so an unchanged
     /// broken folder is not retried on every rescan).
     seen: Stamp,
-    /// The version serving now: its handle (settings inside) and file stamp.
-    serving: Option<(Arc<ModelHandle>, FileStamp)>,
-    /// Unloaded through the API: stays unloaded until an API load.
-    pinned_unloaded: bool,
-    /// Why the last change was refused, until one succeeds (what an API
-    /// load of it answers).
-    refused: Option<LoadError>,
-    /// Not loaded to leave memory to others, or loading because a request
-    /// found it so (`[residency]`): requests wait for it to load.
+    /// Where it is in its life; set only by `Repository::transition`.
+    phase: Phase<Version>,
+    /// While it is on disk or loading for requests: how those requests
+    /// wait for it (`[residency]`).
     cold: Option<Arc<registry::Cold>>,
     /// What its last load of this file held, per device: its charge
     /// against the residency budgets before its next load.
     known: Option<(FileStamp, residency::Charge)>,
+}
+
+/// A version that serves: its handle (settings inside) and the file stamp
+/// it was built from.
+#[derive(Clone)]
+pub(crate) struct Version {
+    handle: Arc<ModelHandle>,
+    file: FileStamp,
 }
 
 /// The repository task's state.
@@ -222,7 +229,15 @@ impl Repository {
         mut rescan: mpsc::UnboundedReceiver<()>,
     ) -> (RepositoryHandle, oneshot::Receiver<Result<(), String>>) {
         let (commands, mut rx) = mpsc::unbounded_channel();
-        self.registry.take_demands(&commands);
+        // A request's load joins the same queue as rescans and API
+        // commands, so that it runs after the changes queued before it.
+        // Weak: the task stops when the last handle is gone.
+        let demands = commands.downgrade();
+        self.registry.take_demands(Box::new(move |name, reply| {
+            demands
+                .upgrade()
+                .is_some_and(|tx| tx.send(Command::Demand { name, reply }).is_ok())
+        }));
         let handle = RepositoryHandle {
             commands: commands.clone(),
             registry: self.registry.clone(),
@@ -360,8 +375,9 @@ impl Repository {
         .await
     }
 
-    /// Brings one folder, seen as `now`, up to date (`force`: also retry an
-    /// unchanged folder).
+    /// Brings one folder, seen as `now`, up to date (`force`: load it now
+    /// whatever residency says, also when unchanged; the repository API's
+    /// load of a model with nothing serving).
     async fn apply(&mut self, md: ModelDir, now: Stamp, force: bool) {
         // Unusable settings cannot rename a model: it keeps its name (and
         // its last good version) instead of counting as removed.
@@ -380,25 +396,25 @@ impl Repository {
             );
             return;
         }
-        let Some(t) = self.tracked.get_mut(&md.folder) else {
+        let folder = md.folder.clone();
+        let Some(t) = self.tracked.get_mut(&folder) else {
             return self.add(md, now).await;
         };
-        if t.pinned_unloaded && !force {
+        if matches!(t.phase, Phase::Unloaded) && !force {
             t.seen = now;
             return;
         }
         if t.name != name {
             // Renamed through `name`: the old model goes, the new one comes.
-            let folder = md.folder.clone();
             self.remove(&folder);
             return self.add(md, now).await;
         }
-        let serving = t.serving.as_ref().map(|(h, f)| (&h.settings, f));
+        let serving = t.phase.serving().map(|v| (&v.handle.settings, &v.file));
         // A load that failed is tried again when any of its files is
         // touched (a permission restored, the same bytes written again, a
         // file that reappears): its content may be whole now although its
         // digest is what it was when the load failed.
-        let retry = t.refused.is_some()
+        let retry = t.phase.refused().is_some()
             && match (&t.seen.file, &now.file) {
                 (Ok(seen), Ok(file)) => file.touched_since(seen),
                 (seen, file) => seen.is_err() != file.is_err(),
@@ -414,123 +430,70 @@ impl Repository {
         let change = classify(&before, &now, serving);
         let changed = before != now;
         t.seen = now;
-        // Not resident, or failed with nothing serving: a change applies as
-        // residency says (loads now, or at its next request).
-        let resting = t.serving.is_none() && (t.cold.is_some() || t.refused.is_some());
-        match change {
-            Change::Reload(settings) if resting && !force => {
-                t.refused = None;
-                self.changed_on_disk(&md, settings).await;
-            }
+        let resting = t.phase.resting();
+        let at = std::time::SystemTime::now();
+        let event = match change {
             // The folder changed back to exactly what serves (a refused edit
             // was undone): the note about the refused change no longer holds.
-            Change::None if changed => {
-                t.refused = None;
-                if let Some((handle, _)) = t.serving.clone() {
-                    self.publish(&name, &md.dir, ModelState::Ready, Some(handle), None);
+            Change::None if changed => Event::Unchanged,
+            Change::None => return,
+            Change::Invalid(reason) => {
+                let error = self.refusal(&folder, LoadError::Files(reason));
+                match force {
+                    true => Event::ApiLoad {
+                        refused: Some((error, at)),
+                    },
+                    false => Event::Failed { error, at },
                 }
             }
-            Change::None => {}
-            Change::Invalid(reason) => {
-                self.failed(&md.folder, LoadError::Files(reason));
-            }
-            Change::BatchingOnly(settings) => {
-                let t = self.tracked.get_mut(&md.folder).expect("tracked above");
-                t.refused = None;
-                let (old, file) = t
-                    .serving
-                    .clone()
-                    .expect("batching-only implies a serving version");
-                let settings = load::effective(&old, settings);
-                old.batcher().update(settings.batching);
-                let handle = Arc::new(old.with_settings(settings));
-                tracing::info!(model = %name, batching = ?handle.settings.batching, "batching settings applied in place");
-                t.serving = Some((handle.clone(), file));
-                metrics::model_reload(&name, "updated");
-                self.publish(&name, &md.dir, ModelState::Ready, Some(handle), None);
-            }
-            Change::Reload(settings) => self.reload(&md, settings).await,
-        }
+            Change::BatchingOnly(_) => Event::BatchingChanged,
+            Change::Reload(_) if force => Event::ApiLoad { refused: None },
+            // Not resident, or failed with nothing serving: the change
+            // applies as residency says (now, or at its next request).
+            Change::Reload(settings) if resting => Event::Usable {
+                now: self.loads_now(&folder, &settings),
+            },
+            Change::Reload(_) => Event::Usable { now: true },
+        };
+        // The outcome is logged, published and counted where it happens.
+        let _ = self.drive(&folder, event).await;
     }
 
     /// A folder seen for the first time.
     async fn add(&mut self, md: ModelDir, now: Stamp) {
-        let name = md.name().to_string();
+        let folder = md.folder.clone();
         self.tracked.insert(
-            md.folder.clone(),
+            folder.clone(),
             Tracked {
-                folder: md.folder.clone(),
+                folder: folder.clone(),
                 dir: md.dir.clone(),
-                name: name.clone(),
+                name: md.name().to_string(),
                 seen: now.clone(),
-                serving: None,
-                pinned_unloaded: false,
-                refused: None,
+                phase: Phase::OnDisk,
                 cold: None,
                 known: None,
             },
         );
-        match now.settings {
-            Err(reason) => {
-                self.failed(&md.folder, LoadError::Files(reason));
-            }
-            Ok(settings) if !self.loads_now(&md.folder, &settings) => self.rest(&md.folder, &settings),
-            Ok(settings) => {
-                self.publish(&name, &md.dir, ModelState::Loading, None, None);
-                self.reload(&md, settings).await;
-            }
-        }
+        let event = match now.settings {
+            Err(reason) => Event::Failed {
+                error: self.refusal(&folder, LoadError::Files(reason)),
+                at: std::time::SystemTime::now(),
+            },
+            Ok(settings) => Event::Usable {
+                now: self.loads_now(&folder, &settings),
+            },
+        };
+        let _ = self.drive(&folder, event).await;
     }
 
     /// A folder disappeared: the model stops taking requests; accepted ones
     /// finish on the version they hold, which then unloads.
     fn remove(&mut self, folder: &str) {
-        if let Some(t) = self.tracked.remove(folder) {
-            let queued = t.serving.as_ref().map(|(h, _)| h.batcher().queued()).unwrap_or(0);
-            if let Some((h, _)) = &t.serving {
-                h.batcher().retire();
-            }
-            tracing::info!(model = %t.name, queued, "model folder removed; draining, then unloading");
-            self.registry.remove(&t.name);
-            metrics::model_ready(&t.name, false);
-            metrics::model_memory(&t.name, "cpu", 0);
-            if let Some((h, _)) = &t.serving {
-                forget_device_memory(&t.name, h);
-            }
-            metrics::model_reload(&t.name, "unloaded");
-        }
-    }
-
-    fn publish(
-        &self,
-        name: &str,
-        dir: &Path,
-        state: ModelState,
-        handle: Option<Arc<ModelHandle>>,
-        note: Option<String>,
-    ) {
-        metrics::model_ready(name, state == ModelState::Ready);
-        metrics::model_memory(name, "cpu", handle.as_ref().map_or(0, |h| h.memory.host_bytes));
-        for d in handle.iter().flat_map(|h| &h.memory.device_bytes) {
-            metrics::model_memory(name, &format!("cuda:{}", d.device), d.bytes);
-        }
-        let version = handle.as_ref().and_then(|h| h.settings.version.clone());
-        let tracked = self.tracked.values().find(|t| t.name == name);
-        let cold = match handle {
-            Some(_) => None,
-            None => tracked.and_then(|t| t.cold.clone()),
-        };
-        let pinned = tracked.is_some_and(|t| t.seen.settings.as_ref().is_ok_and(|s| s.pinned));
-        self.registry.set(ModelEntry {
-            name: name.to_string(),
-            dir: dir.to_path_buf(),
-            version,
-            state,
-            handle,
-            note,
-            cold,
-            pinned,
-        });
+        let Some(t) = self.tracked.get(folder) else { return };
+        let queued = t.phase.serving().map_or(0, |v| v.handle.batcher().queued());
+        tracing::info!(model = %t.name, queued, "model folder removed; draining, then unloading");
+        metrics::model_reload(&t.name, "unloaded");
+        self.transition(folder, Event::Removed);
     }
 }
 
@@ -569,15 +532,6 @@ fn stamp_of(md: &ModelDir, previous: Option<&FileStamp>) -> Stamp {
         settings: md.settings.clone(),
         file,
     }
-}
-
-/// `name: DTYPE[dims]` for each tensor, for logs.
-pub fn describe(specs: &[crate::tensor::TensorSpec]) -> String {
-    specs
-        .iter()
-        .map(|t| format!("{}: {}{:?}", t.name, t.dtype, t.shape))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// Zeroes the device-memory gauges of a version that stops serving.

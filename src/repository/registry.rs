@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::error::Error;
 use crate::model::state::ModelState;
@@ -90,12 +90,15 @@ pub struct Registry {
     /// Written by the repository only; read by every handler. A std lock:
     /// critical sections are a map lookup and an `Arc` clone, never an await.
     models: RwLock<BTreeMap<String, ModelEntry>>,
-    /// The repository task's commands, for the loads requests ask for
-    /// (set once when the task starts; the task holds the receiver).
-    /// Weak: the task holds this registry, and stops when the last strong
-    /// sender (the repository handles) is gone.
-    demands: OnceLock<mpsc::WeakUnboundedSender<super::Command>>,
+    /// Asks the repository task for a load a request needs (set once when
+    /// the task starts; the task answers on the reply).
+    demands: OnceLock<Demand>,
 }
+
+/// Sends the repository task a request's load of model `name`, answered on
+/// the reply; false when the task is gone. The task sets it when it starts
+/// (it owns the queue; the registry need not know its commands).
+pub type Demand = Box<dyn Fn(String, oneshot::Sender<Result<Arc<ModelHandle>, Error>>) -> bool + Send + Sync>;
 
 impl Registry {
     pub fn new() -> Registry {
@@ -151,8 +154,7 @@ impl Registry {
             Err(e) => e,
         };
         let cold = self.get(name).and_then(|e| e.cold);
-        let demands = self.demands.get().and_then(|d| d.upgrade());
-        let (Some(cold), Some(demands)) = (cold, demands) else {
+        let (Some(cold), Some(demand)) = (cold, self.demands.get()) else {
             return Err(not_ready);
         };
         let before = cold.waiting.fetch_add(1, Ordering::AcqRel);
@@ -165,14 +167,7 @@ impl Registry {
             });
         }
         let (reply, rx) = oneshot::channel();
-        let name_owned = name.to_string();
-        if demands
-            .send(super::Command::Demand {
-                name: name_owned,
-                reply,
-            })
-            .is_err()
-        {
+        if !demand(name.to_string(), reply) {
             return Err(Error::ShuttingDown);
         }
         let started = Instant::now();
@@ -205,8 +200,8 @@ impl Registry {
     }
 
     /// Where [`Registry::serve`] sends the loads it asks for (the repository task, once).
-    pub(super) fn take_demands(&self, tx: &mpsc::UnboundedSender<super::Command>) {
-        let _ = self.demands.set(tx.downgrade());
+    pub(super) fn take_demands(&self, demand: Demand) {
+        let _ = self.demands.set(demand);
     }
 
     /// `model` when the registry knows it, else [`crate::metrics::UNKNOWN_MODEL`]:

@@ -5,14 +5,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::registry::Cold;
+use super::lifecycle::Event;
 use super::residency::{self, Charge, Loaded, NoRoom};
-use super::scan::ModelDir;
 use super::{LoadReason, Repository, Tracked};
 use crate::config::ResidencyMode;
 use crate::error::Error;
 use crate::metrics;
-use crate::model::state::ModelState;
 use crate::model::ModelHandle;
 use crate::settings::{ExecutionProvider, ModelSettings};
 
@@ -62,50 +60,24 @@ impl Repository {
         settings.pinned || self.model_name.is_some()
     }
 
-    /// Leaves the model in `folder` on disk: its next request loads it.
-    pub(super) fn rest(&mut self, folder: &str, settings: &ModelSettings) {
-        let t = self.tracked.get_mut(folder).expect("tracked before resting");
-        t.cold = Some(Arc::new(Cold::new(&settings.batching)));
-        let (name, dir) = (t.name.clone(), t.dir.clone());
-        tracing::info!(model = %name, mode = ?self.residency.mode, "not loaded now (residency); its first request loads it");
-        self.publish(&name, &dir, ModelState::OnDisk, None, None);
-    }
-
-    /// A model that is not resident changed: the change applies at its next
-    /// load, unless it now loads at once (it became pinned, or fits).
-    pub(super) async fn changed_on_disk(&mut self, md: &ModelDir, settings: ModelSettings) {
-        if self.loads_now(&md.folder, &settings) {
-            self.publish(md.name(), &md.dir, ModelState::Loading, None, None);
-            self.reload(md, settings).await;
-        } else {
-            self.rest(&md.folder, &settings);
-        }
-    }
-
     /// A request found model `name` not resident: loads it and answers with it.
     pub(super) async fn demand(&mut self, name: &str) -> Result<Arc<ModelHandle>, Error> {
         let Some(t) = self.tracked.values().find(|t| t.name == name) else {
             return Err(Error::ModelNotFound(crate::error::clip(name).into_owned()));
         };
-        if let Some((h, _)) = &t.serving {
-            return Ok(h.clone());
+        if let Some(v) = t.phase.serving() {
+            return Ok(v.handle.clone());
         }
-        if t.cold.is_none() {
+        if !t.phase.cold() {
             // Failed, or unloaded through the API, since the request asked.
             return self.registry.ready(name, None);
         }
-        let settings = t.seen.settings.clone().map_err(Error::invalid)?;
-        let md = ModelDir {
-            folder: t.folder.clone(),
-            dir: t.dir.clone(),
-            settings: Ok(settings.clone()),
-        };
-        self.publish(name, &md.dir, ModelState::Loading, None, None);
-        match self.load_version(&md, settings).await {
+        let folder = t.folder.clone();
+        match self.drive(&folder, Event::Demanded).await {
             // A failed load is not the client's mistake: 503, with the
             // repository-relative reason every later request gets too.
-            Err(Error::InvalidInput(_) | Error::Internal(_)) => self.registry.ready(name, None),
-            other => other,
+            Ok(()) | Err(Error::InvalidInput(_) | Error::Internal(_)) => self.registry.ready(name, None),
+            Err(e) => Err(e),
         }
     }
 
@@ -192,7 +164,7 @@ impl Repository {
             return Ok(());
         };
         let (name, last_active) = (t.name.clone(), Instant::now());
-        let pinned = t.serving.as_ref().is_some_and(|(h, _)| self.pinned(&h.settings));
+        let pinned = t.phase.serving().is_some_and(|v| self.pinned(&v.handle.settings));
         let budgets = self.budgets(&need);
         let loaded = self.loaded(Some(folder));
         let min_idle = match self.reason {
@@ -227,22 +199,18 @@ impl Repository {
         last_active: Instant,
         why: &'static str,
     ) -> Option<impl std::future::Future<Output = ()>> {
-        let t = self.tracked.values_mut().find(|t| t.name == name)?;
-        let (h, _) = t.serving.take()?;
-        t.cold = Some(Arc::new(Cold::new(&h.settings.batching)));
-        h.batcher().retire();
-        let ended = h.batcher().ended();
-        super::forget_device_memory(name, &h);
-        let (name, dir) = (t.name.clone(), t.dir.clone());
+        let t = self.tracked.values().find(|t| t.name == name)?;
+        let handle = t.phase.serving()?.handle.clone();
+        let folder = t.folder.clone();
         tracing::info!(
             model = %name,
-            bytes = ?charge_of(&h),
+            bytes = ?charge_of(&handle),
             idle = ?last_active.elapsed(),
             "{why} (residency); its next request loads it"
         );
-        metrics::model_eviction(&name);
-        self.publish(&name, &dir, ModelState::OnDisk, None, None);
-        Some(ended)
+        metrics::model_eviction(name);
+        self.transition(&folder, Event::Evicted);
+        Some(handle.batcher().ended())
     }
 
     /// The loaded models as the planner sees them, but `except`'s.
@@ -251,7 +219,7 @@ impl Repository {
             .values()
             .filter(|t| Some(t.folder.as_str()) != except)
             .filter_map(|t| {
-                let (h, _) = t.serving.as_ref()?;
+                let h = &t.phase.serving()?.handle;
                 Some(Loaded {
                     name: t.name.clone(),
                     charge: charged(t, h),
@@ -311,8 +279,8 @@ impl Repository {
     fn budgets(&mut self, need: &Charge) -> Charge {
         let mut devices: Vec<String> = need.keys().cloned().collect();
         for t in self.tracked.values() {
-            if let Some((h, _)) = &t.serving {
-                devices.extend(charge_of(h).into_keys());
+            if let Some(v) = t.phase.serving() {
+                devices.extend(charge_of(&v.handle).into_keys());
             }
         }
         devices.sort();
@@ -371,7 +339,6 @@ impl Repository {
             }
         }
         t.known = Some((file, charge));
-        t.cold = None;
     }
 }
 
