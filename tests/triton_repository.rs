@@ -398,3 +398,134 @@ async fn a_config_override_applies_to_a_model_named_apart_from_its_folder() {
     assert_eq!((st, total(&r)), (200, 10.0), "{r}");
     s.stop().await.unwrap();
 }
+
+/// `version_policy { all {} }`: every version folder serves on its own
+/// batcher, each reached by its number, and a request without one reaches
+/// the highest that serves (Triton's choice). Versions added and removed
+/// while clients send to version 1 and to no version lose no request, and
+/// every answer names the version that computed it (version 3 is a copy of
+/// `scalar_out`, so it answers the sum; version 2 answers twice it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_versions_serve_side_by_side_and_come_and_go_under_load() {
+    let repo = repo_with(&[]);
+    let config = "max_batch_size: 8\nversion_policy: { all { } }\n";
+    triton_model(
+        repo.path(),
+        "sums",
+        Some(config),
+        &[(1, "scalar_out"), (2, "scalar_out_v2")],
+    );
+    let s = TestServer::start(repo.path()).await;
+    let (body, sum) = scalar_request(3);
+    for (url, want, times) in [
+        ("/v2/models/sums/versions/1/infer", "1", 1.0),
+        ("/v2/models/sums/versions/2/infer", "2", 2.0),
+        ("/v2/models/sums/infer", "2", 2.0),
+    ] {
+        let (status, r) = s.post(url, &body).await;
+        assert_eq!(status, 200, "{url}: {r}");
+        assert_eq!(r["model_version"], want, "{url}: {r}");
+        assert_eq!(total(&r), times * sum, "{url}: {r}");
+    }
+    let (_, meta) = s.get("/v2/models/sums").await;
+    assert_eq!(meta["versions"], json!(["1", "2"]), "{meta}");
+    let (_, index) = s.post("/v2/repository/index", &json!({})).await;
+    let listed: Vec<(String, String)> = index
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["version"].as_str().unwrap().to_string(),
+                e["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [("1".into(), "READY".into()), ("2".into(), "READY".into())],
+        "{index}"
+    );
+    // gRPC reaches a version by `model_version`.
+    let mut g = client(&s).await;
+    for (version, want) in [("1", 10.0f32), ("2", 20.0)] {
+        let mut req = infer_request("sums", "x", &[1, 4], &[1., 2., 3., 4.]);
+        req.model_version = version.into();
+        let r = g.model_infer(req).await.unwrap().into_inner();
+        assert_eq!(r.model_version, version);
+        let got = f32::from_le_bytes(r.raw_output_contents[0][..4].try_into().unwrap());
+        assert_eq!(got, want, "version {version}");
+    }
+
+    let (client_, base) = (s.client.clone(), s.url("/v2/models/sums"));
+    let clients = Clients::start(3, move |c, i| {
+        let (client_, base) = (client_.clone(), base.clone());
+        async move {
+            let url = match c {
+                0 => format!("{base}/versions/1/infer"),
+                _ => format!("{base}/infer"),
+            };
+            let (body, sum) = scalar_request(c * 5 + i);
+            let a = infer(&client_, &url, &body).await;
+            let label = a.body["model_version"].as_str().unwrap_or("").to_string();
+            // Versions 1 and 3 answer the sum, version 2 twice it.
+            let want = match label.as_str() {
+                "1" | "3" => Some(1),
+                "2" => Some(2),
+                _ => None,
+            };
+            let right = want.is_some() && scalar_version(&a, sum) == want;
+            (c == 0, label, right, a)
+        }
+    });
+    let serving = |want: &'static str| {
+        let s = &s;
+        async move {
+            let (_, r) = s.post("/v2/models/sums/infer", &sums_request()).await;
+            (r["model_version"] == want).then_some(())
+        }
+    };
+    add_version(&repo.path().join("sums"), 3, "scalar_out");
+    wait_for("version 3 to serve", || serving("3")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::remove_dir_all(repo.path().join("sums/2")).unwrap();
+    wait_for("version 2 to go", || async {
+        let (status, _) = s.get("/v2/models/sums/versions/2/ready").await;
+        (status == 404).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::remove_dir_all(repo.path().join("sums/3")).unwrap();
+    wait_for("version 1 to serve requests without a version", || serving("1")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let answers = clients.stop().await;
+
+    assert!(answers.len() > 20, "only {} answers", answers.len());
+    let mut seen = std::collections::BTreeSet::new();
+    for (pinned, label, right, a) in &answers {
+        assert!(right, "a failed or wrong answer: {} {}", a.status, a.body);
+        if *pinned {
+            assert_eq!(label, "1", "a request for version 1: {}", a.body);
+        }
+        seen.insert(label.clone());
+    }
+    assert_eq!(
+        seen,
+        ["1", "2", "3"].map(String::from).into(),
+        "every version served"
+    );
+    let (_, meta) = s.get("/v2/models/sums").await;
+    assert_eq!(meta["versions"], json!(["1"]), "{meta}");
+
+    // A broken config.pbtxt keeps the versions serving, with why.
+    std::fs::write(repo.path().join("sums/config.pbtxt"), "max_batch_size: [\n").unwrap();
+    wait_for("the refused edit to be noted", || async {
+        let (_, index) = s.post("/v2/repository/index", &json!({})).await;
+        let reason = index[0]["reason"].as_str().unwrap_or("").to_string();
+        reason.contains("config.pbtxt").then_some(())
+    })
+    .await;
+    let (status, r) = s.post("/v2/models/sums/versions/1/infer", &body).await;
+    assert_eq!((status, total(&r)), (200, sum), "{r}");
+    s.stop().await.unwrap();
+}

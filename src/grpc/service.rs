@@ -165,7 +165,11 @@ impl GrpcInferenceService for InferenceService {
             .registry
             .serve(&r.name, non_empty(&r.version), Instant::now())
             .await
-            .map(|m| ModelMetadata::new(&m.name, m.version(), &m.signature).into()))
+            .map(|m| {
+                let mut metadata = ModelMetadata::new(&m.name, m.version(), &m.signature);
+                metadata.with_versions(self.state.registry.ready_versions(&m.name));
+                metadata.into()
+            }))
     }
 
     async fn model_infer(&self, req: Request<ModelInferRequest>) -> Answer<ModelInferResponse> {

@@ -20,7 +20,9 @@ use crate::telemetry;
 
 /// `GET /v1/models`: the names of every model in the repository.
 pub async fn list(State(state): State<AppState>) -> Json<Value> {
-    let names: Vec<String> = state.registry.list().into_iter().map(|e| e.name).collect();
+    let mut names: Vec<String> = state.registry.list().into_iter().map(|e| e.name).collect();
+    // One name per model, however many of its versions serve.
+    names.dedup();
     Json(json!({ "models": names }))
 }
 

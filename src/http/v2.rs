@@ -65,11 +65,9 @@ pub async fn model_metadata(
         .registry
         .serve(&p.name, p.version.as_deref(), Instant::now())
         .await?;
-    Ok(Json(ModelMetadata::new(
-        &model.name,
-        model.version(),
-        &model.signature,
-    )))
+    let mut metadata = ModelMetadata::new(&model.name, model.version(), &model.signature);
+    metadata.with_versions(state.registry.ready_versions(&model.name));
+    Ok(Json(metadata))
 }
 
 /// `GET /v2/models/{name}[/versions/{version}]/ready`: 200 when it serves, 503 when not.

@@ -157,6 +157,14 @@ impl ModelMetadata {
             outputs: sig.outputs.iter().map(MetadataTensor::from).collect(),
         }
     }
+
+    /// Lists `versions` (every version of the model that serves, where
+    /// several serve side by side), when there are any.
+    pub fn with_versions(&mut self, versions: Vec<String>) {
+        if !versions.is_empty() {
+            self.versions = versions;
+        }
+    }
 }
 
 /// Parses a protocol datatype name; `what` names the tensor in the error,

@@ -30,55 +30,81 @@ impl Repository {
             .tracked
             .values()
             .find(|t| t.name == name)
-            .map_or_else(|| name.to_string(), |t| t.folder.clone());
+            .and_then(|t| Some(t.dir.file_name()?.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| name.to_string());
         match config {
             Some(c) => self.overrides.insert(folder, c),
             None => self.overrides.remove(&folder),
         };
-        let (md, now) = self.find_folder(name).await?;
-        let force = self
+        // Every version the folder's policy selects (one, usually).
+        let found = self.find_folder(name).await?;
+        let keys: Vec<String> = found.iter().map(|(md, _)| md.folder.clone()).collect();
+        let dir = found.first().map(|(md, _)| md.dir.clone());
+        let stale: Vec<String> = self
             .tracked
-            .get(&md.folder)
-            .is_some_and(|t| t.phase.serving().is_none());
-        let folder = md.folder.clone();
-        self.apply(md, now, force).await;
-        let t = self
-            .tracked
-            .get(&folder)
-            .ok_or_else(|| Error::NotFound(format!("model `{name}`: not loaded")))?;
-        if let Some(refused) = t.phase.refused() {
-            return Err(refused.to_error(name));
+            .values()
+            .filter(|t| Some(&t.dir) == dir.as_ref() && !keys.contains(&t.folder))
+            .map(|t| t.folder.clone())
+            .collect();
+        for (md, now) in found {
+            let force = self
+                .tracked
+                .get(&md.folder)
+                .is_some_and(|t| t.phase.serving().is_none());
+            self.apply(md, now, force).await;
         }
-        match self.registry.get(&t.name) {
-            Some(e) if e.state == ModelState::Ready => Ok(()),
-            Some(e) => Err(Error::invalid(format!(
-                "model `{name}` failed to load: {}",
-                e.state
-            ))),
-            None => Err(Error::NotFound(format!(
-                "model `{name}` not found in the repository"
-            ))),
+        for key in stale {
+            self.remove(&key);
         }
+        for key in keys {
+            let t = self
+                .tracked
+                .get(&key)
+                .ok_or_else(|| Error::NotFound(format!("model `{name}`: not loaded")))?;
+            if let Some(refused) = t.phase.refused() {
+                return Err(refused.to_error(name));
+            }
+            match self.registry.entry(&t.name, &key) {
+                Some(e) if e.state == ModelState::Ready => {}
+                Some(e) => {
+                    return Err(Error::invalid(format!(
+                        "model `{name}` failed to load: {}",
+                        e.state
+                    )))
+                }
+                None => {
+                    return Err(Error::NotFound(format!(
+                        "model `{name}` not found in the repository"
+                    )))
+                }
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn api_unload(&mut self, name: &str) -> Result<(), Error> {
         check_name(name)?;
-        let t = self
+        let keys: Vec<String> = self
             .tracked
             .values()
-            .find(|t| t.name == name)
-            .ok_or_else(|| Error::ModelNotFound(crate::error::clip(name).into_owned()))?;
-        let folder = t.folder.clone();
+            .filter(|t| t.name == name)
+            .map(|t| t.folder.clone())
+            .collect();
+        if keys.is_empty() {
+            return Err(Error::ModelNotFound(crate::error::clip(name).into_owned()));
+        }
         tracing::info!(model = %name, "unloaded through the repository API; accepted requests finish first");
         metrics::model_reload(name, "unloaded");
-        self.transition(&folder, Event::ApiUnload);
+        for key in keys {
+            self.transition(&key, Event::ApiUnload);
+        }
         Ok(())
     }
 
     /// The folder holding model `name`, as seen now: refuses names that are
     /// not a plain folder of the repository (`..`, `/`, absolute paths,
     /// symlinks out).
-    async fn find_folder(&self, name: &str) -> Result<(ModelDir, Stamp), Error> {
+    async fn find_folder(&self, name: &str) -> Result<Vec<(ModelDir, Stamp)>, Error> {
         check_name(name)?;
         let (root, dir) = (self.root.clone(), self.root.join(name));
         let outside = blocking(move || Ok(scan::outside_repository(&root, &dir)));
@@ -96,11 +122,12 @@ impl Repository {
             .survey(move |d| d.name() == wanted || d.folder == wanted || Some(&d.folder) == tracked.as_ref())
             .await
             .map_err(Error::invalid)?;
-        found.into_iter().next().ok_or_else(|| {
-            Error::NotFound(format!(
+        if found.is_empty() {
+            return Err(Error::NotFound(format!(
                 "failed to load '{name}': no folder of the repository holds it"
-            ))
-        })
+            )));
+        }
+        Ok(self.keep_versions_serving(found))
     }
 }
 

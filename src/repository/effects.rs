@@ -189,13 +189,11 @@ impl Repository {
         let Some(t) = self.tracked.get(folder) else { return };
         let name = t.name.clone();
         let handle = t.phase.serving().map(|v| v.handle.clone());
-        metrics::model_ready(&name, handle.is_some());
-        metrics::model_memory(&name, "cpu", handle.as_ref().map_or(0, |h| h.memory.host_bytes));
-        for d in handle.iter().flat_map(|h| &h.memory.device_bytes) {
-            metrics::model_memory(&name, &format!("cuda:{}", d.device), d.bytes);
-        }
         let (state, note) = match &t.phase {
-            Phase::Gone => return self.registry.remove(&name),
+            Phase::Gone => {
+                self.registry.remove(&name, folder);
+                return self.publish_gauges(&name);
+            }
             Phase::OnDisk => (ModelState::OnDisk, None),
             Phase::Loading { .. } => (ModelState::Loading, None),
             Phase::Serving { refused, .. } => {
@@ -217,16 +215,44 @@ impl Repository {
                 (ModelState::Unavailable { reason }, None)
             }
         };
+        // A version not serving is the one its folder holds now.
+        let version = match &handle {
+            Some(h) => h.settings.version.clone(),
+            None => t.seen.settings.as_ref().ok().and_then(|s| s.version.clone()),
+        };
         self.registry.set(ModelEntry {
-            name,
+            name: name.clone(),
+            key: folder.to_string(),
             dir: t.dir.clone(),
-            version: handle.as_ref().and_then(|h| h.settings.version.clone()),
+            version,
             state,
             handle,
             note,
             cold: t.cold.clone(),
             pinned: t.seen.settings.as_ref().is_ok_and(|s| s.pinned),
         });
+        self.publish_gauges(&name);
+    }
+
+    /// Model `name`'s readiness and memory gauges, over the versions that
+    /// serve side by side: ready while one serves, the memory they all hold.
+    fn publish_gauges(&self, name: &str) {
+        let handles: Vec<_> = self
+            .registry
+            .versions(name)
+            .into_iter()
+            .filter_map(|e| e.handle.filter(|_| e.state == ModelState::Ready))
+            .collect();
+        metrics::model_ready(name, !handles.is_empty());
+        let host = handles.iter().map(|h| h.memory.host_bytes).sum();
+        metrics::model_memory(name, "cpu", host);
+        let mut devices = std::collections::BTreeMap::<u32, u64>::new();
+        for d in handles.iter().flat_map(|h| &h.memory.device_bytes) {
+            *devices.entry(d.device).or_default() += d.bytes;
+        }
+        for (device, bytes) in devices {
+            metrics::model_memory(name, &format!("cuda:{device}"), bytes);
+        }
     }
 }
 

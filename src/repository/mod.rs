@@ -67,7 +67,8 @@ enum Command {
     /// A request found the model not resident: load it (evicting others if
     /// the budgets need it) and answer with it.
     Demand {
-        name: String,
+        /// The repository's key for it (its folder, or `<folder>@<version>`).
+        key: String,
         reply: oneshot::Sender<Result<Arc<ModelHandle>, Error>>,
     },
 }
@@ -233,10 +234,10 @@ impl Repository {
         // commands, so that it runs after the changes queued before it.
         // Weak: the task stops when the last handle is gone.
         let demands = commands.downgrade();
-        self.registry.take_demands(Box::new(move |name, reply| {
+        self.registry.take_demands(Box::new(move |key, reply| {
             demands
                 .upgrade()
-                .is_some_and(|tx| tx.send(Command::Demand { name, reply }).is_ok())
+                .is_some_and(|tx| tx.send(Command::Demand { key, reply }).is_ok())
         }));
         let handle = RepositoryHandle {
             commands: commands.clone(),
@@ -286,10 +287,10 @@ impl Repository {
                 self.reason = LoadReason::Reload;
                 let _ = reply.send(r.and_then(|r| r));
             }
-            Command::Demand { name, reply } => {
-                let what = format!("loading `{name}` for a request");
+            Command::Demand { key, reply } => {
+                let what = format!("loading `{key}` for a request");
                 self.reason = LoadReason::OnDemand;
-                let r = supervised(&what, self.demand(&name)).await;
+                let r = supervised(&what, self.demand(&key)).await;
                 self.reason = LoadReason::Reload;
                 let _ = reply.send(r.and_then(|r| r));
             }
@@ -306,23 +307,60 @@ impl Repository {
     /// serving); a repository that cannot be listed changes nothing.
     async fn rescan(&mut self) -> Result<(), String> {
         let dirs = self.survey(|_| true).await?;
-        let present: Vec<String> = dirs.iter().map(|(d, _)| d.folder.clone()).collect();
-        let gone: Vec<String> = self
+        let mut dirs = self.keep_versions_serving(dirs);
+        let present: Vec<&str> = dirs.iter().map(|(d, _)| d.folder.as_str()).collect();
+        let (mut gone, mut gone_versions) = (Vec::new(), Vec::new());
+        for t in self
             .tracked
-            .keys()
-            .filter(|f| !present.contains(f))
-            .cloned()
-            .collect();
+            .values()
+            .filter(|t| !present.contains(&t.folder.as_str()))
+        {
+            // A version of a folder still there goes once the versions that
+            // replace it serve; a folder gone goes first (its name may have
+            // moved to another folder).
+            match dirs.iter().any(|(d, _)| d.dir == t.dir) {
+                true => gone_versions.push(t.folder.clone()),
+                false => gone.push(t.folder.clone()),
+            }
+        }
         for folder in gone {
             self.remove(&folder);
         }
         // Pinned models first: they are counted against the budgets first.
-        let mut dirs = dirs;
         dirs.sort_by_key(|(md, _)| !md.settings.as_ref().is_ok_and(|s| s.pinned));
         for (md, now) in dirs {
             self.apply(md, now, false).await;
         }
+        for key in gone_versions {
+            self.remove(&key);
+        }
         Ok(())
+    }
+
+    /// A folder whose versions serve side by side, and whose configuration
+    /// breaks, is one folder with an error: each of its versions gets the
+    /// error (and keeps serving), instead of going.
+    fn keep_versions_serving(&self, dirs: Vec<(ModelDir, Stamp)>) -> Vec<(ModelDir, Stamp)> {
+        let mut out = Vec::with_capacity(dirs.len());
+        for (md, now) in dirs {
+            let versions: Vec<&Tracked> = match (&md.settings, self.tracked.contains_key(&md.folder)) {
+                (Err(_), false) => self.tracked.values().filter(|t| t.dir == md.dir).collect(),
+                _ => Vec::new(),
+            };
+            if versions.is_empty() {
+                out.push((md, now));
+                continue;
+            }
+            for t in versions {
+                let md = ModelDir {
+                    folder: t.folder.clone(),
+                    dir: md.dir.clone(),
+                    settings: md.settings.clone(),
+                };
+                out.push((md, now.clone()));
+            }
+        }
+        out
     }
 
     /// `msg` with the repository's path (as configured, and as resolved)
@@ -385,11 +423,8 @@ impl Repository {
             (Err(_), Some(t)) => t.name.clone(),
             _ => md.name().to_string(),
         };
-        if let Some(owner) = self
-            .tracked
-            .values()
-            .find(|t| t.name == name && t.folder != md.folder)
-        {
+        // Versions of one folder share its name.
+        if let Some(owner) = self.tracked.values().find(|t| t.name == name && t.dir != md.dir) {
             tracing::error!(
                 model = %name, folder = %md.dir.display(), other = %owner.dir.display(),
                 "two folders declare the same model name; this one is ignored"

@@ -15,10 +15,14 @@ use crate::error::Error;
 use crate::model::state::ModelState;
 use crate::model::ModelHandle;
 
-/// One model of the repository, ready or not.
+/// One model of the repository (one version of it, where several serve
+/// side by side), ready or not.
 #[derive(Clone)]
 pub struct ModelEntry {
     pub name: String,
+    /// The repository's key for it: its folder, or `<folder>@<version>`
+    /// where several versions of a folder serve side by side.
+    pub key: String,
     /// The model's folder in the repository.
     pub dir: PathBuf,
     pub version: Option<String>,
@@ -87,31 +91,75 @@ pub const UNLOADED_BY_API: &str = "unloaded through the repository API";
 /// Registry of every model the repository knows about.
 #[derive(Default)]
 pub struct Registry {
-    /// Written by the repository only; read by every handler. A std lock:
-    /// critical sections are a map lookup and an `Arc` clone, never an await.
-    models: RwLock<BTreeMap<String, ModelEntry>>,
+    /// By name, then by the repository's key (one per version serving side
+    /// by side). Written by the repository only; read by every handler. A
+    /// std lock: critical sections are a map lookup and an `Arc` clone,
+    /// never an await.
+    models: RwLock<BTreeMap<String, Versions>>,
     /// Asks the repository task for a load a request needs (set once when
     /// the task starts; the task answers on the reply).
     demands: OnceLock<Demand>,
 }
 
-/// Sends the repository task a request's load of model `name`, answered on
+/// Sends the repository task a request's load of the model of a key, answered on
 /// the reply; false when the task is gone. The task sets it when it starts
 /// (it owns the queue; the registry need not know its commands).
 pub type Demand = Box<dyn Fn(String, oneshot::Sender<Result<Arc<ModelHandle>, Error>>) -> bool + Send + Sync>;
+
+/// The entries of one model name, by the repository's key.
+type Versions = BTreeMap<String, ModelEntry>;
+
+/// The entry a request for `version` (none: Triton's choice) reaches: that
+/// version; without one, the highest version that serves, else the highest.
+fn pick<'a>(name: &str, versions: &'a Versions, version: Option<&str>) -> Result<&'a ModelEntry, Error> {
+    if let Some(v) = version {
+        return versions
+            .values()
+            .find(|e| e.version.as_deref() == Some(v))
+            .ok_or_else(|| {
+                let mut have: Vec<&str> = versions.values().filter_map(|e| e.version.as_deref()).collect();
+                have.sort_by_key(|v| version_order(v));
+                let have = if have.is_empty() {
+                    "none".to_string()
+                } else {
+                    have.join(", ")
+                };
+                Error::NotFound(format!(
+                    "Request for unknown model: '{name}' version {v} is not found (available version: {have})"
+                ))
+            });
+    }
+    let highest = |ready: bool| {
+        versions
+            .values()
+            .filter(|e| !ready || e.state == ModelState::Ready)
+            .max_by_key(|e| e.version.as_deref().map(version_order))
+    };
+    highest(true)
+        .or_else(|| highest(false))
+        .ok_or_else(|| Error::ModelNotFound(crate::error::clip(name).into_owned()))
+}
+
+/// Versions order by number (Triton's are numbers), then as text.
+fn version_order(v: &str) -> (u64, &str) {
+    (v.parse().unwrap_or(0), v)
+}
 
 impl Registry {
     pub fn new() -> Registry {
         Registry::default()
     }
 
-    /// A snapshot of one entry.
+    /// A snapshot of the entry a request without a version reaches.
     pub fn get(&self, name: &str) -> Option<ModelEntry> {
-        self.models
-            .read()
-            .expect("registry lock poisoned")
-            .get(name)
-            .cloned()
+        let models = self.models.read().expect("registry lock poisoned");
+        pick(name, models.get(name)?, None).ok().cloned()
+    }
+
+    /// A snapshot of the entry of the repository's `key` for model `name`.
+    pub fn entry(&self, name: &str, key: &str) -> Option<ModelEntry> {
+        let models = self.models.read().expect("registry lock poisoned");
+        models.get(name)?.get(key).cloned()
     }
 
     /// The model's handle if it serves, or the error a request should get.
@@ -119,17 +167,10 @@ impl Registry {
     pub fn ready(&self, name: &str, version: Option<&str>) -> Result<Arc<ModelHandle>, Error> {
         // Runs once per request: read under the lock, clone only the handle.
         let models = self.models.read().expect("registry lock poisoned");
-        let entry = models
+        let versions = models
             .get(name)
             .ok_or_else(|| Error::ModelNotFound(crate::error::clip(name).into_owned()))?;
-        if let Some(v) = version {
-            if entry.version.as_deref() != Some(v) {
-                let have = entry.version.as_deref().unwrap_or("none");
-                return Err(Error::NotFound(format!(
-                    "Request for unknown model: '{name}' version {v} is not found (available version: {have})"
-                )));
-            }
-        }
+        let entry = pick(name, versions, version)?;
         match (&entry.state, &entry.handle) {
             (ModelState::Ready, Some(h)) => Ok(h.clone()),
             (state, _) => Err(Error::ModelNotReady {
@@ -153,8 +194,15 @@ impl Registry {
             Ok(h) => return Ok(h),
             Err(e) => e,
         };
-        let cold = self.get(name).and_then(|e| e.cold);
-        let (Some(cold), Some(demand)) = (cold, self.demands.get()) else {
+        let entry = {
+            let models = self.models.read().expect("registry lock poisoned");
+            models
+                .get(name)
+                .and_then(|v| pick(name, v, version).ok())
+                .cloned()
+        };
+        let Some(entry) = entry else { return Err(not_ready) };
+        let (Some(cold), Some(demand)) = (entry.cold, self.demands.get()) else {
             return Err(not_ready);
         };
         let before = cold.waiting.fetch_add(1, Ordering::AcqRel);
@@ -167,7 +215,7 @@ impl Registry {
             });
         }
         let (reply, rx) = oneshot::channel();
-        if !demand(name.to_string(), reply) {
+        if !demand(entry.key, reply) {
             return Err(Error::ShuttingDown);
         }
         let started = Instant::now();
@@ -192,7 +240,13 @@ impl Registry {
         match self.ready(name, version) {
             Ok(_) => Ok(()),
             Err(e @ (Error::ModelNotFound(_) | Error::NotFound(_))) => Err(e),
-            Err(e) => match self.get(name).and_then(|e| e.cold) {
+            Err(e) => match self
+                .models
+                .read()
+                .expect("registry lock poisoned")
+                .get(name)
+                .and_then(|v| pick(name, v, version).ok()?.cold.clone())
+            {
                 Some(_) => Ok(()),
                 None => Err(e),
             },
@@ -223,13 +277,16 @@ impl Registry {
     /// Whether the models meet `rule` now.
     pub fn meets(&self, rule: &ReadyRule) -> bool {
         let models = self.models.read().expect("registry lock poisoned");
+        let mut all = models.values().flat_map(|v| v.values());
         match rule {
-            ReadyRule::Loaded => models.values().all(|e| {
+            ReadyRule::Loaded => all.all(|e| {
                 !e.pinned
                     || !matches!(&e.state, ModelState::Unavailable { reason } if reason != UNLOADED_BY_API)
             }),
-            ReadyRule::Model(name) => models.get(name).is_some_and(|e| e.state == ModelState::Ready),
-            ReadyRule::Strict => models.values().all(|e| match &e.state {
+            ReadyRule::Model(name) => models
+                .get(name)
+                .is_some_and(|v| v.values().any(|e| e.state == ModelState::Ready)),
+            ReadyRule::Strict => all.all(|e| match &e.state {
                 ModelState::Ready | ModelState::OnDisk => true,
                 ModelState::Unavailable { reason } => reason == UNLOADED_BY_API,
                 // A load that requests asked for does not make the server unready.
@@ -238,20 +295,49 @@ impl Registry {
         }
     }
 
-    /// Every entry, sorted by name.
-    pub fn list(&self) -> Vec<ModelEntry> {
-        self.models
-            .read()
-            .expect("registry lock poisoned")
-            .values()
-            .cloned()
-            .collect()
+    /// The entries of model `name` (one per version serving side by side).
+    pub fn versions(&self, name: &str) -> Vec<ModelEntry> {
+        let models = self.models.read().expect("registry lock poisoned");
+        models
+            .get(name)
+            .map(|v| v.values().cloned().collect())
+            .unwrap_or_default()
     }
 
-    /// Removes an entry (repository only); requests already holding its
-    /// handle finish on it.
-    pub(crate) fn remove(&self, name: &str) {
-        self.models.write().expect("registry lock poisoned").remove(name);
+    /// The versions of model `name` that serve, ascending (model metadata's `versions`).
+    pub fn ready_versions(&self, name: &str) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .versions(name)
+            .into_iter()
+            .filter(|e| e.state == ModelState::Ready)
+            .filter_map(|e| e.version)
+            .collect();
+        out.sort_by(|a, b| version_order(a).cmp(&version_order(b)));
+        out
+    }
+
+    /// Every entry, sorted by name, then by version.
+    pub fn list(&self) -> Vec<ModelEntry> {
+        let models = self.models.read().expect("registry lock poisoned");
+        let mut out = Vec::new();
+        for versions in models.values() {
+            let mut entries: Vec<&ModelEntry> = versions.values().collect();
+            entries.sort_by_key(|e| e.version.as_deref().map(version_order));
+            out.extend(entries.into_iter().cloned());
+        }
+        out
+    }
+
+    /// Removes the entry of `key` (repository only); requests already
+    /// holding its handle finish on it.
+    pub(crate) fn remove(&self, name: &str, key: &str) {
+        let mut models = self.models.write().expect("registry lock poisoned");
+        if let Some(versions) = models.get_mut(name) {
+            versions.remove(key);
+            if versions.is_empty() {
+                models.remove(name);
+            }
+        }
     }
 
     /// Inserts or replaces an entry (repository only).
@@ -259,6 +345,8 @@ impl Registry {
         self.models
             .write()
             .expect("registry lock poisoned")
-            .insert(entry.name.clone(), entry);
+            .entry(entry.name.clone())
+            .or_default()
+            .insert(entry.key.clone(), entry);
     }
 }

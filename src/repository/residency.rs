@@ -21,6 +21,7 @@ pub type Charge = BTreeMap<String, u64>;
 /// One loaded model, as the planner sees it.
 #[derive(Debug, Clone)]
 pub struct Loaded {
+    /// The repository's key for it (its folder, or `<folder>@<version>`).
     pub name: String,
     /// What it holds, per device.
     pub charge: Charge,

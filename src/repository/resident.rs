@@ -60,23 +60,29 @@ impl Repository {
         settings.pinned || self.model_name.is_some()
     }
 
-    /// A request found model `name` not resident: loads it and answers with it.
-    pub(super) async fn demand(&mut self, name: &str) -> Result<Arc<ModelHandle>, Error> {
-        let Some(t) = self.tracked.values().find(|t| t.name == name) else {
-            return Err(Error::ModelNotFound(crate::error::clip(name).into_owned()));
+    /// A request found the model of `key` not resident: loads it and
+    /// answers with it.
+    pub(super) async fn demand(&mut self, key: &str) -> Result<Arc<ModelHandle>, Error> {
+        let Some(t) = self.tracked.get(key) else {
+            return Err(Error::ModelNotFound(crate::error::clip(key).into_owned()));
         };
+        let (name, version) = (
+            t.name.clone(),
+            t.seen.settings.as_ref().ok().and_then(|s| s.version.clone()),
+        );
         if let Some(v) = t.phase.serving() {
             return Ok(v.handle.clone());
         }
         if !t.phase.cold() {
             // Failed, or unloaded through the API, since the request asked.
-            return self.registry.ready(name, None);
+            return self.registry.ready(&name, version.as_deref());
         }
-        let folder = t.folder.clone();
-        match self.drive(&folder, Event::Demanded).await {
+        match self.drive(key, Event::Demanded).await {
             // A failed load is not the client's mistake: 503, with the
             // repository-relative reason every later request gets too.
-            Ok(()) | Err(Error::InvalidInput(_) | Error::Internal(_)) => self.registry.ready(name, None),
+            Ok(()) | Err(Error::InvalidInput(_) | Error::Internal(_)) => {
+                self.registry.ready(&name, version.as_deref())
+            }
             Err(e) => Err(e),
         }
     }
@@ -139,7 +145,7 @@ impl Repository {
             for v in victims {
                 let mine = v.charge.get(&device).copied().unwrap_or(0);
                 let share = (returned as u128 * mine as u128 / charged as u128) as u64;
-                let Some(t) = self.tracked.values_mut().find(|t| t.name == v.name) else {
+                let Some(t) = self.tracked.get_mut(&v.name) else {
                     continue;
                 };
                 if let Some((_, known)) = &mut t.known {
@@ -185,30 +191,31 @@ impl Repository {
                 "pinned, so loaded beyond the residency budget: {}",
                 short.message(&name)
             ),
-            Err(_) => drop(self.evict(&name, last_active, "unloaded again: it does not fit the budget")),
+            Err(_) => drop(self.evict(folder, last_active, "unloaded again: it does not fit the budget")),
         }
         self.publish_budgets();
         result.map(drop)
     }
 
-    /// Unloads model `name` (`why`: for the log); its next request loads it
-    /// again. Returns what resolves once its sessions are dropped.
+    /// Unloads the model of `key` (`why`: for the log); its next request
+    /// loads it again. Returns what resolves once its sessions are dropped.
     fn evict(
         &mut self,
-        name: &str,
+        key: &str,
         last_active: Instant,
         why: &'static str,
     ) -> Option<impl std::future::Future<Output = ()>> {
-        let t = self.tracked.values().find(|t| t.name == name)?;
+        let t = self.tracked.get(key)?;
         let handle = t.phase.serving()?.handle.clone();
-        let folder = t.folder.clone();
+        let (folder, name) = (t.folder.clone(), t.name.clone());
         tracing::info!(
             model = %name,
+            version = handle.settings.version.as_deref().unwrap_or("-"),
             bytes = ?charge_of(&handle),
             idle = ?last_active.elapsed(),
             "{why} (residency); its next request loads it"
         );
-        metrics::model_eviction(name);
+        metrics::model_eviction(&name);
         self.transition(&folder, Event::Evicted);
         Some(handle.batcher().ended())
     }
@@ -221,7 +228,7 @@ impl Repository {
             .filter_map(|t| {
                 let h = &t.phase.serving()?.handle;
                 Some(Loaded {
-                    name: t.name.clone(),
+                    name: t.folder.clone(),
                     charge: charged(t, h),
                     last_active: h.activity().last_active(),
                     busy: h.activity().busy() || h.batcher().queued() > 0,

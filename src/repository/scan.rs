@@ -202,6 +202,10 @@ pub fn scan(layout: &Layout) -> Result<Vec<ModelDir>, String> {
         if outside_repository(root, &dir).is_some() {
             continue;
         }
+        if let Some(versions) = triton_versions(&dir, &folder, layout) {
+            dirs.extend(versions);
+            continue;
+        }
         let read = match layout.overrides.get(&folder) {
             Some(config) => overridden(root, &dir, &folder, config, layout.defaults).map(Some),
             None => read_folder(root, &dir, &folder, layout.defaults),
@@ -222,6 +226,47 @@ pub fn scan(layout: &Layout) -> Result<Vec<ModelDir>, String> {
     }
     dirs.sort_by(|a, b| a.folder.cmp(&b.folder));
     Ok(dirs)
+}
+
+/// A Triton model folder (and no `model-settings.json`, which wins): one
+/// [`ModelDir`] for the version that serves, keyed by the folder; or, when
+/// its `version_policy` may select several, one per selected version, keyed
+/// `<folder>@<version>`. `None`: not a Triton folder.
+fn triton_versions(dir: &Path, folder: &str, layout: &Layout) -> Option<Vec<ModelDir>> {
+    if !crate::triton::is_model_folder(dir) || dir.join(SETTINGS_FILE).exists() {
+        return None;
+    }
+    let read = match layout.overrides.get(folder) {
+        Some(config) => crate::triton::versions_for(dir, folder, config, layout.defaults),
+        None => crate::triton::read_versions(dir, folder, layout.defaults),
+    };
+    let one = |folder: String, settings| ModelDir {
+        folder,
+        dir: dir.to_path_buf(),
+        settings,
+    };
+    Some(match read {
+        Err(e) => vec![one(folder.to_string(), Err(e))],
+        Ok(v) if !v.several => vec![one(folder.to_string(), Ok(v.highest()))],
+        Ok(v) => v
+            .settings
+            .into_iter()
+            .map(|s| {
+                let key = version_key(folder, s.version.as_deref().unwrap_or_default());
+                one(key, Ok(s))
+            })
+            .collect(),
+    })
+}
+
+/// The key of one version of a folder whose versions serve side by side.
+pub fn version_key(folder: &str, version: &str) -> String {
+    format!("{folder}@{version}")
+}
+
+/// The folder of a key made by [`version_key`] (a folder's own key is itself).
+pub fn folder_of(key: &str) -> &str {
+    key.split_once('@').map_or(key, |(folder, _)| folder)
 }
 
 /// The settings of folder `dir` under a configuration given with a load: a

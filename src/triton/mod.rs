@@ -29,8 +29,32 @@ pub fn is_model_folder(dir: &Path) -> bool {
 }
 
 /// Reads the Triton model folder `dir` (model `name`): its configuration,
-/// and the settings of the version that serves. Messages name the file.
+/// and the settings of the version that serves (the highest selected one).
+/// Messages name the file.
 pub fn read_folder(dir: &Path, name: &str, defaults: &ModelDefaults) -> Result<ModelSettings, String> {
+    read_versions(dir, name, defaults).map(Versions::highest)
+}
+
+/// The versions of a model folder that its `version_policy` selects, each
+/// with its settings, ascending.
+pub struct Versions {
+    pub settings: Vec<ModelSettings>,
+    /// The policy may select several (`all`, `specific`, `latest` with
+    /// `num_versions` above 1): each selected version serves on its own,
+    /// reached by its number. Else (Triton's default, the latest one) one
+    /// version serves, and a newer folder replaces it in place.
+    pub several: bool,
+}
+
+impl Versions {
+    /// The settings of the highest selected version.
+    pub fn highest(mut self) -> ModelSettings {
+        self.settings.pop().expect("a selection is never empty")
+    }
+}
+
+/// [`read_folder`], every selected version.
+pub fn read_versions(dir: &Path, name: &str, defaults: &ModelDefaults) -> Result<Versions, String> {
     let file = dir.join(CONFIG_FILE);
     // Without a config.pbtxt, messages name the folder.
     let (config, shown) = match read_config(&file) {
@@ -41,24 +65,34 @@ pub fn read_folder(dir: &Path, name: &str, defaults: &ModelDefaults) -> Result<M
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (ModelConfig::default(), dir.display()),
         Err(e) => return Err(format!("{}: {e}", file.display())),
     };
-    settings_for(dir, name, &config, defaults).map_err(|e| format!("{shown}: {e}"))
+    versions_for(dir, name, &config, defaults).map_err(|e| format!("{shown}: {e}"))
 }
 
-/// The settings of the version of `dir` that serves under `config` (what a
-/// model-control `load` with a configuration override also reads).
+/// The settings of the highest version of `dir` that `config` selects.
 pub fn settings_for(
     dir: &Path,
     name: &str,
     config: &ModelConfig,
     defaults: &ModelDefaults,
 ) -> Result<ModelSettings, String> {
+    versions_for(dir, name, config, defaults).map(Versions::highest)
+}
+
+/// The settings of each version of `dir` that `config` selects (what a
+/// model-control `load` with a configuration override also reads).
+pub fn versions_for(
+    dir: &Path,
+    name: &str,
+    config: &ModelConfig,
+    defaults: &ModelDefaults,
+) -> Result<Versions, String> {
     let filename = match config.default_model_filename.as_str() {
         "" => DEFAULT_MODEL_FILENAME,
         f => f,
     };
     let on_disk = versions(dir, filename).map_err(|e| e.to_string())?;
     let chosen = select(&on_disk, config)?;
-    let Some(&version) = chosen.last() else {
+    if chosen.is_empty() {
         let found: Vec<String> = on_disk.iter().map(u64::to_string).collect();
         return Err(match found.is_empty() {
             true => format!("no version folder holds `{filename}`: put the model at `1/{filename}`"),
@@ -67,26 +101,41 @@ pub fn settings_for(
                 found.join(", ")
             ),
         });
-    };
-    let uri = PathBuf::from(version.to_string()).join(filename);
-    let mut settings = mapping::settings(config, name, &version.to_string(), &uri, defaults)?;
-    if chosen.len() > 1 {
-        let rest: Vec<String> = chosen[..chosen.len() - 1].iter().map(u64::to_string).collect();
-        settings.ignored.push(format!(
-            "`version_policy` selects versions {} as well: only the highest selected version ({version}) serves",
-            rest.join(", ")
-        ));
     }
+    let mut labels = std::collections::BTreeMap::new();
     for o in config.output.iter().filter(|o| !o.label_filename.is_empty()) {
         let file = dir.join(&o.label_filename);
         let text = read_config(&file)
             .map_err(|e| format!("output `{}`: label_filename `{}`: {e}", o.name, o.label_filename))?;
-        let labels = text.lines().map(str::to_string).collect();
-        settings
-            .labels
-            .insert(o.name.clone(), std::sync::Arc::new(labels));
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        labels.insert(o.name.clone(), std::sync::Arc::new(lines));
     }
-    Ok(settings)
+    let settings = chosen
+        .iter()
+        .map(|version| {
+            let uri = PathBuf::from(version.to_string()).join(filename);
+            let mut settings = mapping::settings(config, name, &version.to_string(), &uri, defaults)?;
+            settings.labels = labels.clone();
+            Ok(settings)
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(Versions {
+        settings,
+        several: several(config),
+    })
+}
+
+/// Whether `config`'s `version_policy` may select more than one version.
+fn several(config: &ModelConfig) -> bool {
+    match config
+        .version_policy
+        .as_ref()
+        .and_then(|p| p.policy_choice.as_ref())
+    {
+        None => false,
+        Some(PolicyChoice::Latest(l)) => l.num_versions > 1,
+        Some(PolicyChoice::All(_) | PolicyChoice::Specific(_)) => true,
+    }
 }
 
 /// A `config.pbtxt`'s text; one over 4 MiB is refused (Triton's are a few KiB).

@@ -45,15 +45,39 @@ fn the_version_policy_picks_the_version_that_serves() {
 }
 
 #[test]
-fn several_selected_versions_are_named() {
-    let d = folder(&["1", "2"], Some("version_policy: { all { } }"));
-    let s = read_folder(d.path(), "m", &ModelDefaults::default()).unwrap();
-    assert_eq!(s.version.as_deref(), Some("2"));
-    assert!(
-        s.ignored.iter().any(|i| i.contains("selects versions 1 as well")),
-        "{:?}",
-        s.ignored
+fn a_policy_that_may_select_several_versions_gives_each_its_settings() {
+    let d = folder(
+        &["1", "2", "3"],
+        Some("version_policy: { specific { versions: [1, 3] } }"),
     );
+    let v = read_versions(d.path(), "m", &ModelDefaults::default()).unwrap();
+    assert!(v.several);
+    let got: Vec<(Option<&str>, String)> = v
+        .settings
+        .iter()
+        .map(|s| (s.version.as_deref(), s.uri.display().to_string()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (Some("1"), "1/model.onnx".into()),
+            (Some("3"), "3/model.onnx".into())
+        ]
+    );
+    // `latest` with one version (Triton's default) serves one, replaced in place.
+    for config in ["", "version_policy: { latest { num_versions: 1 } }"] {
+        let d = folder(&["1", "2"], Some(config));
+        let v = read_versions(d.path(), "m", &ModelDefaults::default()).unwrap();
+        assert!(!v.several, "{config}");
+        assert_eq!(v.settings.len(), 1, "{config}");
+    }
+    let d = folder(
+        &["1", "2", "3"],
+        Some("version_policy: { latest { num_versions: 2 } }"),
+    );
+    let v = read_versions(d.path(), "m", &ModelDefaults::default()).unwrap();
+    assert!(v.several);
+    assert_eq!(v.settings.len(), 2);
 }
 
 #[test]
