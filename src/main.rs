@@ -389,6 +389,7 @@ fn evidence(
     let e = sluice::repository::warm::gather(
         name,
         dir,
+        settings,
         &loaded.signature,
         session.map(|(_, s)| s.as_mut()),
         file,
@@ -397,9 +398,18 @@ fn evidence(
     if let Some(why) = &e.samples_skipped {
         lines.push(format!("warm-up samples: skipped: {why}"));
     } else if !e.samples.is_empty() {
-        let dir = sluice::model::warmup::SAMPLES_DIR;
+        let from = match settings
+            .triton_config
+            .as_ref()
+            .and_then(|c| c.get("model_warmup"))
+        {
+            Some(w) if w.as_array().is_some_and(|w| !w.is_empty()) => {
+                "config.pbtxt's `model_warmup`".to_string()
+            }
+            _ => format!("{}/", sluice::model::warmup::SAMPLES_DIR),
+        };
         lines.push(format!(
-            "warm-up samples: {} request(s) in {dir}/",
+            "warm-up samples: {} request(s) from {from}",
             e.samples.len()
         ));
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter, Gauge,
-    Histogram, Unit,
+    Histogram, Label, Unit,
 };
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
@@ -245,7 +245,9 @@ pub fn padding_ratio(model: &str, ratio: f64) {
 pub struct ModelMetrics(Arc<ModelSeries>);
 
 struct ModelSeries {
-    model: String,
+    /// `model`, and `version` where the model has one (Triton's labels):
+    /// versions serving side by side each have their own series.
+    labels: Vec<Label>,
     queue_size: Gauge,
     queue_delay: Histogram,
     /// Registered at the first batch, so that a model that never ran shows none.
@@ -260,11 +262,13 @@ struct ModelSeries {
 }
 
 impl ModelMetrics {
-    pub fn new(model: &str) -> ModelMetrics {
+    pub fn new(model: &str, version: Option<&str>) -> ModelMetrics {
+        let mut labels = vec![Label::new("model", model.to_string())];
+        labels.extend(version.map(|v| Label::new("version", v.to_string())));
         ModelMetrics(Arc::new(ModelSeries {
-            model: model.to_string(),
-            queue_size: gauge!(QUEUE_SIZE, "model" => model.to_string()),
-            queue_delay: histogram!(QUEUE_DELAY, "model" => model.to_string()),
+            queue_size: gauge!(QUEUE_SIZE, labels.clone()),
+            queue_delay: histogram!(QUEUE_DELAY, labels.clone()),
+            labels,
             batch_size: OnceLock::new(),
             inference: OnceLock::new(),
             cost: OnceLock::new(),
@@ -286,13 +290,15 @@ impl ModelMetrics {
     pub fn batch_dispatched(&self, rows: usize, trigger: &'static str) {
         let m = &self.0;
         m.batch_size
-            .get_or_init(|| histogram!(BATCH_SIZE, "model" => m.model.clone()))
+            .get_or_init(|| histogram!(BATCH_SIZE, m.labels.clone()))
             .record(rows as f64);
         let mut batches = m.batches.lock().expect("batch counters lock poisoned");
         match batches.iter().find(|(t, _)| *t == trigger) {
             Some((_, c)) => c.increment(1),
             None => {
-                let c = counter!(BATCHES, "model" => m.model.clone(), "trigger" => trigger);
+                let mut labels = m.labels.clone();
+                labels.push(Label::new("trigger", trigger));
+                let c = counter!(BATCHES, labels);
                 c.increment(1);
                 batches.push((trigger, c));
             }
@@ -304,11 +310,10 @@ impl ModelMetrics {
     pub fn cost(&self, (f, p): (f64, f64), wait: Duration) {
         let m = &self.0;
         let [fixed, per_row, queue] = m.cost.get_or_init(|| {
-            let model = || m.model.clone();
             [
-                gauge!(BATCH_COST_FIXED, "model" => model()),
-                gauge!(BATCH_COST_PER_ROW, "model" => model()),
-                gauge!(QUEUE_WAIT_PREDICTED, "model" => model()),
+                gauge!(BATCH_COST_FIXED, m.labels.clone()),
+                gauge!(BATCH_COST_PER_ROW, m.labels.clone()),
+                gauge!(QUEUE_WAIT_PREDICTED, m.labels.clone()),
             ]
         });
         fixed.set(f);
@@ -320,7 +325,7 @@ impl ModelMetrics {
     pub fn inference(&self, took: Duration) {
         let m = &self.0;
         m.inference
-            .get_or_init(|| histogram!(INFERENCE_DURATION, "model" => m.model.clone()))
+            .get_or_init(|| histogram!(INFERENCE_DURATION, m.labels.clone()))
             .record(took.as_secs_f64());
     }
 }

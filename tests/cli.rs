@@ -470,3 +470,45 @@ fn check_reads_a_triton_folder_and_names_what_it_does_not_honour() {
     assert!(!status.success(), "{out}");
     assert!(err.contains("`platform` is \"tensorrt_plan\""), "{err}");
 }
+
+/// A `config.pbtxt`'s `model_warmup` samples are what the model warms up
+/// with (`count` runs each); one that does not fit is named, and the model
+/// warms up with zeros instead.
+#[test]
+fn check_runs_a_triton_folders_warmup_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("simple");
+    copy_dir(
+        &root().join("tests/fixtures/triton/model_repository/simple"),
+        &folder,
+    );
+    let base = std::fs::read_to_string(folder.join("config.pbtxt")).unwrap();
+    let sample = |dims: &str| {
+        format!(
+            r#"{base}
+model_warmup [ {{ name: "w" batch_size: 4 count: 2
+  inputs {{ key: "INPUT0" value: {{ data_type: TYPE_INT32 dims: [ {dims} ] zero_data: true }} }}
+  inputs {{ key: "INPUT1" value: {{ data_type: TYPE_INT32 dims: [ 16 ] random_data: true }} }} }} ]
+"#
+        )
+    };
+    let check = |config: String| {
+        std::fs::write(folder.join("config.pbtxt"), config).unwrap();
+        let mut cmd = sluice();
+        cmd.arg("check").arg(&folder);
+        let (status, out, err) = run(cmd);
+        assert!(status.success(), "{status}: {out}\n{err}");
+        out
+    };
+    let out = check(sample("16"));
+    assert!(
+        out.contains("warm-up samples: 2 request(s) from config.pbtxt's `model_warmup`"),
+        "{out}"
+    );
+    assert!(!out.contains("not honoured"), "{out}");
+    let out = check(sample("15"));
+    assert!(
+        out.contains("warm-up samples: skipped: `model_warmup` sample `w` does not fit the model"),
+        "{out}"
+    );
+}

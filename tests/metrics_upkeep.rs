@@ -67,7 +67,7 @@ async fn histogram_samples_are_freed_without_a_scrape() {
     let repo = tempfile::tempdir().unwrap();
     let s = TestServer::start(repo.path()).await;
     // The histogram's entry exists before the baseline is taken.
-    let m = sluice::metrics::ModelMetrics::new("upkeep-test");
+    let m = sluice::metrics::ModelMetrics::new("upkeep-test", None);
     record(&m, 1);
     let before = held();
     const SAMPLES: usize = 300_000;

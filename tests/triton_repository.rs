@@ -429,6 +429,13 @@ async fn several_versions_serve_side_by_side_and_come_and_go_under_load() {
     }
     let (_, meta) = s.get("/v2/models/sums").await;
     assert_eq!(meta["versions"], json!(["1", "2"]), "{meta}");
+    // Each version's batches are its own series (Triton's `version` label).
+    let text = s.metrics().await;
+    for version in ["1", "2"] {
+        let labels = [("model", "sums"), ("version", version)];
+        let batches = common::reload::metric_value(&text, "sluice_batch_size_count", &labels);
+        assert!(batches >= 1.0, "version {version}: {batches} batches");
+    }
     let (_, index) = s.post("/v2/repository/index", &json!({})).await;
     let listed: Vec<(String, String)> = index
         .as_array()

@@ -115,7 +115,7 @@ impl Batcher {
         let (settings_tx, settings_rx) = watch::channel(settings.on_device(gpu));
         let queued = Arc::new(AtomicUsize::new(0));
         let stats = Arc::new(ModelStats::new());
-        let model_metrics = metrics::ModelMetrics::new(model);
+        let model_metrics = metrics::ModelMetrics::new(model, version);
         let shared = Arc::new(task::Shared {
             model: model.into(),
             version: version.map(Arc::from),

@@ -3,9 +3,9 @@
 //! planned memory for the sizes it will see before the model turns ready.
 //!
 //! The batches are zero-filled, or made of the sample requests in the
-//! model folder's `warmup/` (V2 JSON bodies, the format clients send;
-//! Triton's `model_warmup` with sample data): a sample's rows are repeated
-//! to fill each batch size. A model that rejects a warm-up batch (a reflect
+//! model folder's `warmup/` (V2 JSON bodies, the format clients send), or
+//! of a `config.pbtxt`'s `model_warmup` samples (`triton.rs`): a sample's
+//! rows are repeated to fill each batch size. A model that rejects a warm-up batch (a reflect
 //! pad needs more than one sample; `Expand` wants a shape, not a zero) is
 //! not taken down: the rejection is a warning, in the log and the index,
 //! and the model serves cold.
@@ -20,6 +20,8 @@
 //! transformer's position embeddings): warm-up stops at the first refused
 //! length, and the model still loads. (Warming every rows × length pair,
 //! seconds of work for a transformer, buys little: `benches/README.md`.)
+
+pub mod triton;
 
 use std::path::Path;
 

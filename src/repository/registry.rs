@@ -129,6 +129,10 @@ fn pick<'a>(name: &str, versions: &'a Versions, version: Option<&str>) -> Result
                 ))
             });
     }
+    // Almost every model has one entry: no ordering to do per request.
+    if versions.len() == 1 {
+        return Ok(versions.values().next().expect("one entry"));
+    }
     let highest = |ready: bool| {
         versions
             .values()

@@ -28,16 +28,28 @@ pub struct Evidence {
     pub probe: Option<Probe>,
 }
 
-/// Reads the folder's samples and runs the probe on `session` (blocking).
-/// `file`: what the ONNX file says of batching (`batcher::layout::decide`).
+/// Reads the folder's samples (a Triton folder's `model_warmup`, from
+/// `settings`, else `warmup/*.json`) and runs the probe on `session`
+/// (blocking). `file`: what the ONNX file says of batching
+/// (`batcher::layout::decide`).
 pub fn gather(
     name: &str,
     dir: &Path,
+    settings: &ModelSettings,
     sig: &Signature,
     session: Option<&mut dyn Session>,
     file: Result<Layout, String>,
 ) -> Evidence {
-    let (samples, samples_skipped) = match warmup::samples(dir, name, sig) {
+    let triton = settings
+        .triton_config
+        .as_ref()
+        .and_then(|c| crate::triton::config::from_value(c).ok())
+        .filter(|c| !c.model_warmup.is_empty());
+    let read = match &triton {
+        Some(config) => warmup::triton::samples(dir, name, config, sig),
+        None => warmup::samples(dir, name, sig),
+    };
+    let (samples, samples_skipped) = match read {
         Ok(s) => (s, None),
         Err(why) => (Vec::new(), Some(why)),
     };
@@ -85,13 +97,14 @@ pub async fn warm(
     let outputs: Vec<String> = loaded.signature.outputs.iter().map(|o| o.name.clone()).collect();
     let evidence = match (settings.warmup, loaded.sessions.pop()) {
         (true, Some((device, session))) => {
-            let (session, evidence) = probe_on(name, dir, &loaded.signature, (device, session), file).await?;
+            let (session, evidence) =
+                probe_on(name, dir, settings, &loaded.signature, (device, session), file).await?;
             loaded.sessions.push(session);
             evidence
         }
         (_, first) => {
             loaded.sessions.extend(first);
-            gather(name, dir, &loaded.signature, None, file)
+            gather(name, dir, settings, &loaded.signature, None, file)
         }
     };
     if let Some(why) = &evidence.samples_skipped {
@@ -135,13 +148,15 @@ pub async fn warm(
 async fn probe_on(
     name: &str,
     dir: &Path,
+    settings: &ModelSettings,
     sig: &Signature,
     (device, mut session): (Device, Box<dyn Session>),
     file: Result<Layout, String>,
 ) -> Result<((Device, Box<dyn Session>), Evidence), LoadError> {
     let (n, d, s) = (name.to_string(), dir.to_path_buf(), sig.clone());
+    let settings = settings.clone();
     tokio::task::spawn_blocking(move || {
-        let evidence = gather(&n, &d, &s, Some(session.as_mut()), file);
+        let evidence = gather(&n, &d, &settings, &s, Some(session.as_mut()), file);
         ((device, session), evidence)
     })
     .await

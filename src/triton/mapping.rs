@@ -99,13 +99,6 @@ fn map(
     }
     instance_groups(config, &mut top, ignored);
     backend_parameters(config, &mut top, ignored);
-    if !config.model_warmup.is_empty() {
-        ignored.push(
-            "`model_warmup`: its samples are not run; sluice warms every model up with zero-filled batches \
-             of each power of two up to max_batch_size"
-                .into(),
-        );
-    }
     let batched = max_batch_size > 0;
     top.insert("inputs".into(), tensors("input", &config.input, batched, ignored));
     top.insert(
