@@ -265,6 +265,10 @@ pub struct ModelSettings {
     /// line), for Triton's classification extension.
     #[serde(skip)]
     pub labels: std::collections::BTreeMap<String, std::sync::Arc<Vec<String>>>,
+    /// Inputs and outputs whose shape clients see differently from the
+    /// model (a `config.pbtxt` tensor's `reshape`), by name.
+    #[serde(skip)]
+    pub reshape: std::collections::BTreeMap<String, crate::tensor::reshape::Reshape>,
 }
 
 /// MLServer's declared `inputs` and `outputs` (ModelMesh's MLServer adapter writes them).
@@ -465,6 +469,7 @@ impl ModelSettings {
             ignored: Vec::new(),
             triton_config: None,
             labels: Default::default(),
+            reshape: Default::default(),
         })
     }
 

@@ -361,6 +361,7 @@ impl Signature {
 // After the macros above, which they use.
 mod axis;
 mod pad;
+pub mod reshape;
 mod strings;
 
 #[cfg(test)]

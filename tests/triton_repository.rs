@@ -536,3 +536,48 @@ async fn several_versions_serve_side_by_side_and_come_and_go_under_load() {
     assert_eq!((status, total(&r)), (200, sum), "{r}");
     s.stop().await.unwrap();
 }
+
+/// `reshape`: clients send and get the config's `dims`, the model has
+/// `reshape.shape` (Triton's way to serve an output of shape `[N]` under
+/// dims `[1]`). Expected values: each row's sum (`scalar_out`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reshape_serves_the_configs_dims_over_the_models_shapes() {
+    let repo = repo_with(&[]);
+    let config = r#"max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 2, 2 ] reshape: { shape: [ 4 ] } } ]
+output [ { name: "total" data_type: TYPE_FP32 dims: [ 1 ] reshape: { shape: [ ] } } ]
+"#;
+    triton_model(repo.path(), "shaped", Some(config), &[(1, "scalar_out")]);
+    let s = TestServer::start(repo.path()).await;
+    let (_, meta) = s.get("/v2/models/shaped").await;
+    assert_eq!(meta["inputs"][0]["shape"], json!([-1, 2, 2]), "{meta}");
+    assert_eq!(meta["outputs"][0]["shape"], json!([-1, 1]), "{meta}");
+    let body = json!({"inputs": [v2_input("x", "FP32", &[2, 2, 2], json!([[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [7.0, 8.0]]]))]});
+    let (status, r) = s.post("/v2/models/shaped/infer", &body).await;
+    assert_eq!(status, 200, "{r}");
+    let out = v2_output(&r, "total");
+    assert_eq!(out["shape"], json!([2, 1]), "{r}");
+    assert_eq!(flat_f64(&out["data"]), [10.0, 26.0], "{r}");
+    // The model's own shape is not what clients send: refused, naming the dims.
+    let wrong = json!({"inputs": [v2_input("x", "FP32", &[1, 4], json!([[1.0, 2.0, 3.0, 4.0]]))]});
+    let (status, r) = s.post("/v2/models/shaped/infer", &wrong).await;
+    assert_eq!(status, 400, "{r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("does not fit its dims [2, 2]"),
+        "{r}"
+    );
+    // gRPC: the same shapes.
+    let mut g = client(&s).await;
+    let mut req = infer_request("shaped", "x", &[1, 2, 2], &[1., 2., 3., 4.]);
+    req.model_version = String::new();
+    let r = g.model_infer(req).await.unwrap().into_inner();
+    assert_eq!(r.outputs[0].shape, [1, 1]);
+    assert_eq!(
+        f32::from_le_bytes(r.raw_output_contents[0][..4].try_into().unwrap()),
+        10.0
+    );
+    s.stop().await.unwrap();
+}

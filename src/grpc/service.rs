@@ -166,7 +166,7 @@ impl GrpcInferenceService for InferenceService {
             .serve(&r.name, non_empty(&r.version), Instant::now())
             .await
             .map(|m| {
-                let mut metadata = ModelMetadata::new(&m.name, m.version(), &m.signature);
+                let mut metadata = ModelMetadata::new(&m.name, m.version(), &m.client_signature());
                 metadata.with_versions(self.state.registry.ready_versions(&m.name));
                 metadata.into()
             }))

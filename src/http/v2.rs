@@ -65,7 +65,7 @@ pub async fn model_metadata(
         .registry
         .serve(&p.name, p.version.as_deref(), Instant::now())
         .await?;
-    let mut metadata = ModelMetadata::new(&model.name, model.version(), &model.signature);
+    let mut metadata = ModelMetadata::new(&model.name, model.version(), &model.client_signature());
     metadata.with_versions(state.registry.ready_versions(&model.name));
     Ok(Json(metadata))
 }

@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::batcher::Batcher;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::protocol::{self, InferRequest, InferResponse};
 use crate::settings::ModelSettings;
+use crate::tensor::reshape::Reshape;
 use crate::tensor::Signature;
 
 /// Everything a request needs to run on one version of a model. Shared as
@@ -177,6 +178,36 @@ impl ModelHandle {
         Ok(())
     }
 
+    /// Applies each tensor's `reshape` rule (`convert`: to the model's
+    /// shape, or to the clients').
+    fn reshape(
+        &self,
+        tensors: &mut [crate::tensor::Tensor],
+        convert: fn(&Reshape, &mut crate::tensor::Tensor) -> std::result::Result<(), String>,
+    ) -> Result<()> {
+        for t in tensors.iter_mut() {
+            if let Some(rule) = self.settings.reshape.get(&t.name) {
+                convert(rule, t).map_err(|e| Error::invalid(format!("model `{}`: {e}", self.name)))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The signature as clients see it (model metadata): a reshaped
+    /// tensor has its `dims` (`config.pbtxt`'s `reshape`).
+    pub fn client_signature(&self) -> std::borrow::Cow<'_, Signature> {
+        if self.settings.reshape.is_empty() {
+            return std::borrow::Cow::Borrowed(&self.signature);
+        }
+        let mut sig = self.signature.clone();
+        for spec in sig.inputs.iter_mut().chain(sig.outputs.iter_mut()) {
+            if let Some(rule) = self.settings.reshape.get(&spec.name) {
+                *spec = rule.client_spec(spec);
+            }
+        }
+        std::borrow::Cow::Owned(sig)
+    }
+
     pub fn version(&self) -> Option<&str> {
         self.settings.version.as_deref()
     }
@@ -196,12 +227,18 @@ impl ModelHandle {
 
     async fn run(&self, mut req: InferRequest, arrival: Instant) -> Result<InferResponse> {
         crate::telemetry::record_version(self.version());
+        if !self.settings.reshape.is_empty() {
+            self.reshape(&mut req.inputs, Reshape::to_model)?;
+        }
         protocol::validate(&mut req, &self.name, &self.signature)?;
         let classify = std::mem::take(&mut req.classify);
         let (mut tensors, tag) = self
             .batcher
             .submit(req.inputs, req.outputs.as_deref(), arrival, req.schedule)
             .await?;
+        if !self.settings.reshape.is_empty() {
+            self.reshape(&mut tensors, Reshape::to_client)?;
+        }
         for (name, n) in &classify {
             self.classify(&mut tensors, name, *n)?;
         }

@@ -85,6 +85,7 @@ fn full_file_with_every_field() {
         ignored: Vec::new(),
         triton_config: None,
         labels: Default::default(),
+        reshape: Default::default(),
     };
     assert_eq!(s, expected);
 }

@@ -14,6 +14,7 @@ use crate::protocol::grpc::inference::{
     ModelConfig,
 };
 use crate::settings::{ModelDefaults, ModelSettings};
+use crate::tensor::reshape::Reshape;
 
 /// The platform and backend names of ONNX models in Triton.
 pub const PLATFORM: &str = "onnxruntime_onnx";
@@ -35,6 +36,7 @@ pub fn settings(
     let mut settings =
         ModelSettings::parse_with_uri(&text, name, defaults, uri).map_err(|e| e.to_string())?;
     settings.ignored = ignored;
+    settings.reshape = reshapes(config);
     settings.triton_config = Some(super::config::to_json(config));
     Ok(settings)
 }
@@ -228,8 +230,28 @@ fn backend_parameters(config: &ModelConfig, top: &mut Map<String, Value>, ignore
     }
 }
 
+/// The inputs and outputs with a `reshape`: clients see their `dims`, the
+/// model has `reshape.shape`.
+fn reshapes(config: &ModelConfig) -> std::collections::BTreeMap<String, Reshape> {
+    let batched = config.max_batch_size > 0;
+    let inputs = config.input.iter().map(|t| (&t.name, &t.dims, &t.reshape));
+    let outputs = config.output.iter().map(|t| (&t.name, &t.dims, &t.reshape));
+    inputs
+        .chain(outputs)
+        .filter_map(|(name, dims, reshape)| {
+            let r = Reshape {
+                client: dims.clone(),
+                model: reshape.as_ref()?.shape.clone(),
+                batched,
+            };
+            Some((name.clone(), r))
+        })
+        .collect()
+}
+
 /// The declared tensors, their dims with the batch dimension in front when
-/// the model batches (Triton's dims leave it out).
+/// the model batches (Triton's dims leave it out); a reshaped tensor is
+/// declared as the model has it (`reshape.shape`).
 fn tensors<T: Tensor>(field: &str, items: &[T], batched: bool, ignored: &mut Vec<String>) -> Value {
     let mut out = Vec::new();
     for (i, t) in items.iter().enumerate() {
@@ -237,7 +259,7 @@ fn tensors<T: Tensor>(field: &str, items: &[T], batched: bool, ignored: &mut Vec
         if batched {
             shape.push(-1);
         }
-        shape.extend(t.dims());
+        shape.extend(t.model_dims());
         let mut entry = json!({ "name": t.name(), "shape": shape });
         if let Some(dt) = datatype(t.data_type()) {
             entry["datatype"] = json!(dt);
@@ -256,7 +278,8 @@ fn tensors<T: Tensor>(field: &str, items: &[T], batched: bool, ignored: &mut Vec
 trait Tensor {
     fn name(&self) -> &str;
     fn data_type(&self) -> i32;
-    fn dims(&self) -> Vec<i64>;
+    /// The dims as the model has them: `reshape.shape` when given.
+    fn model_dims(&self) -> Vec<i64>;
     /// The fields set that sluice does not honour.
     fn extras(&self) -> Vec<&'static str>;
 }
@@ -268,12 +291,13 @@ impl Tensor for inference::ModelInput {
     fn data_type(&self) -> i32 {
         self.data_type
     }
-    fn dims(&self) -> Vec<i64> {
-        self.dims.clone()
+    fn model_dims(&self) -> Vec<i64> {
+        self.reshape
+            .as_ref()
+            .map_or_else(|| self.dims.clone(), |r| r.shape.clone())
     }
     fn extras(&self) -> Vec<&'static str> {
         let set = [
-            (self.reshape.is_some(), "reshape"),
             (self.is_shape_tensor, "is_shape_tensor"),
             (self.allow_ragged_batch, "allow_ragged_batch"),
             (self.optional, "optional"),
@@ -290,14 +314,13 @@ impl Tensor for inference::ModelOutput {
     fn data_type(&self) -> i32 {
         self.data_type
     }
-    fn dims(&self) -> Vec<i64> {
-        self.dims.clone()
+    fn model_dims(&self) -> Vec<i64> {
+        self.reshape
+            .as_ref()
+            .map_or_else(|| self.dims.clone(), |r| r.shape.clone())
     }
     fn extras(&self) -> Vec<&'static str> {
-        let set = [
-            (self.reshape.is_some(), "reshape"),
-            (self.is_shape_tensor, "is_shape_tensor"),
-        ];
+        let set = [(self.is_shape_tensor, "is_shape_tensor")];
         set.iter().filter(|(s, _)| *s).map(|(_, f)| *f).collect()
     }
 }
