@@ -69,7 +69,7 @@ impl Reshape {
         for d in to {
             out.push(match *d {
                 d if d >= 0 => d as usize,
-                _ if known > 0 && elements % known == 0 => elements / known,
+                _ if known > 0 && elements.is_multiple_of(known) => elements / known,
                 _ => {
                     return Err(format!(
                         "`{name}`: {elements} elements per row cannot take the shape {to:?}"
