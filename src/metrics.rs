@@ -36,6 +36,8 @@ pub const BATCH_COST_FIXED: &str = "sluice_batch_cost_fixed_seconds";
 pub const BATCH_COST_PER_ROW: &str = "sluice_batch_cost_per_row_seconds";
 pub const QUEUE_WAIT_PREDICTED: &str = "sluice_queue_wait_predicted_seconds";
 pub const TLS_RELOADS: &str = "sluice_tls_reloads_total";
+pub const SEQUENCES_LIVE: &str = "sluice_sequences_live";
+pub const SEQUENCES_ENDED: &str = "sluice_sequences_ended_total";
 pub const TLS_EXPIRATION: &str = "sluice_tls_certificate_expiration_timestamp_seconds";
 
 /// Label value for requests to a model the registry does not know (keeps
@@ -184,6 +186,12 @@ fn describe_requests() {
 /// The series of models, their residency, the repository and TLS.
 fn describe_models() {
     describe_gauge!(MODEL_READY, Unit::Count, "1 while the model serves, else 0.");
+    describe_gauge!(SEQUENCES_LIVE, Unit::Count, "Live sequences of a sequence model.");
+    describe_counter!(
+        SEQUENCES_ENDED,
+        Unit::Count,
+        "Sequences ended, by reason (`end`: the end flag, `idle`: no request for the idle timeout, `restarted`: a start of a live sequence)."
+    );
     describe_gauge!(
         MODEL_BATCHING,
         Unit::Count,
@@ -411,6 +419,16 @@ pub fn model_reload(model: &str, result: &'static str) {
 /// A version of `model` loaded (`reason`: `start`, `on_demand`, `reload`, `api`).
 pub fn model_load(model: &str, reason: &'static str) {
     counter!(MODEL_LOADS, "model" => model.to_string(), "reason" => reason).increment(1);
+}
+
+/// `model` has `n` live sequences.
+pub fn sequences_live(model: &str, n: usize) {
+    gauge!(SEQUENCES_LIVE, "model" => model.to_string()).set(n as f64);
+}
+
+/// A sequence of `model` ended (`reason`: `end`, `idle`, `restarted`).
+pub fn sequence_ended(model: &str, reason: &'static str) {
+    counter!(SEQUENCES_ENDED, "model" => model.to_string(), "reason" => reason).increment(1);
 }
 
 /// `model` was unloaded to make room for another.

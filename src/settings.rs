@@ -269,6 +269,10 @@ pub struct ModelSettings {
     /// model (a `config.pbtxt` tensor's `reshape`), by name.
     #[serde(skip)]
     pub reshape: std::collections::BTreeMap<String, crate::tensor::reshape::Reshape>,
+    /// A sequence model's settings (a `config.pbtxt`'s `sequence_batching`):
+    /// requests then belong to sequences, and the server fills their control inputs.
+    #[serde(skip)]
+    pub sequence: Option<sequence::SequenceSettings>,
 }
 
 /// MLServer's declared `inputs` and `outputs` (ModelMesh's MLServer adapter writes them).
@@ -470,6 +474,7 @@ impl ModelSettings {
             triton_config: None,
             labels: Default::default(),
             reshape: Default::default(),
+            sequence: None,
         })
     }
 
@@ -553,6 +558,7 @@ fn secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 
 mod cuda;
 mod fields;
+pub mod sequence;
 mod walk;
 
 pub use cuda::{ArenaExtendStrategy, CudaOptions, CudnnConvAlgoSearch};

@@ -61,6 +61,28 @@ const CLIENTS: &[(&str, bool, Option<&str>)] = &[
         true,
         Some("PASS: system shared memory"),
     ),
+    // Sequences (`simple_sequence`): the server fills START and READY; two
+    // integer ids and a string id, over HTTP, gRPC and its stream.
+    (
+        "simple_http_sequence_sync_infer_client.py",
+        false,
+        Some("PASS: Sequence"),
+    ),
+    (
+        "simple_grpc_sequence_sync_infer_client.py",
+        true,
+        Some("PASS: Sequence"),
+    ),
+    (
+        "simple_grpc_sequence_stream_infer_client.py",
+        true,
+        Some("PASS: Sequence"),
+    ),
+    (
+        "simple_grpc_aio_sequence_stream_infer_client.py",
+        true,
+        Some("PASS: grpc aio sequence stream"),
+    ),
     // Last: they leave `simple` unloaded.
     ("simple_http_model_control.py", false, Some("PASS: model control")),
     ("simple_grpc_model_control.py", true, Some("PASS: model control")),

@@ -2,12 +2,13 @@
 //! the model up in the registry, convert with `protocol`, call the model,
 //! convert back; errors become statuses in `status.rs`.
 
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::time::Instant;
 
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
@@ -211,6 +212,11 @@ impl GrpcInferenceService for InferenceService {
         let permits = Arc::new(Semaphore::new(outstanding));
         let service = self.clone();
         tokio::spawn(async move {
+            // Requests of one sequence run in the order the stream sent
+            // them: each waits for the previous one of its sequence (the
+            // sequence would run them one at a time anyway). By sequence id,
+            // what the latest request of each signals when it is done.
+            let mut sequences: HashMap<String, oneshot::Receiver<()>> = HashMap::new();
             loop {
                 let Ok(permit) = permits.clone().acquire_owned().await else {
                     break;
@@ -226,7 +232,17 @@ impl GrpcInferenceService for InferenceService {
                     }
                 };
                 let (service, tx, parent) = (service.clone(), tx.clone(), parent.clone());
+                let (after, done) = match crate::protocol::grpc::sequence_key(&request) {
+                    None => (None, None),
+                    Some(key) => {
+                        let (done, next) = oneshot::channel();
+                        (sequences.insert(key, next), Some(done))
+                    }
+                };
                 tokio::spawn(async move {
+                    if let Some(previous) = after {
+                        let _ = previous.await;
+                    }
                     let id = request.id.clone();
                     let (answer, held) = match service.infer(request, &parent).await {
                         Ok((resp, held)) => (
@@ -247,6 +263,9 @@ impl GrpcInferenceService for InferenceService {
                             None,
                         ),
                     };
+                    if let Some(done) = done {
+                        let _ = done.send(());
+                    }
                     let _ = tx.send((Ok(answer), held)).await;
                     drop(permit);
                 });

@@ -2,6 +2,7 @@
 //! takes through it (validate → batcher → pool → split outputs).
 
 pub mod report;
+pub mod sequence;
 pub mod state;
 pub mod warmup;
 
@@ -31,6 +32,8 @@ pub struct ModelHandle {
     pub warmup_rejected: Option<String>,
     batcher: Batcher,
     activity: Arc<Activity>,
+    /// A sequence model's live sequences (`settings.sequence`).
+    sequences: Option<Arc<sequence::Sequences>>,
 }
 
 /// When a version loaded, when a request last used it, and how many
@@ -121,6 +124,10 @@ impl ModelHandle {
         memory: Memory,
         batcher: Batcher,
     ) -> Self {
+        let sequences = settings
+            .sequence
+            .clone()
+            .map(|s| Arc::new(sequence::Sequences::new(&name, s)));
         ModelHandle {
             name,
             settings,
@@ -130,6 +137,7 @@ impl ModelHandle {
             warmup_rejected: None,
             batcher,
             activity: Arc::new(Activity::new()),
+            sequences,
         }
     }
 
@@ -145,6 +153,7 @@ impl ModelHandle {
             warmup_rejected: self.warmup_rejected.clone(),
             batcher: self.batcher.clone(),
             activity: self.activity.clone(),
+            sequences: self.sequences.clone(),
         }
     }
 
@@ -176,6 +185,34 @@ impl ModelHandle {
             *t = protocol::classification::classify(t, n, labels, batched)?;
         }
         Ok(())
+    }
+
+    /// A model that is not a sequence model refuses sequence parameters:
+    /// a client written for one would get answers that ignore them.
+    fn no_sequence(&self, req: &InferRequest) -> Result<Option<sequence::Turn>> {
+        match &req.sequence {
+            None => Ok(None),
+            Some(s) => Err(Error::invalid(format!(
+                "model `{}` is not a sequence model (no `sequence_batching` in its config.pbtxt): parameter `{}` \
+                 is not accepted; send requests without sequence parameters",
+                self.name, s.named
+            ))),
+        }
+    }
+
+    /// Waits for the request's turn in its sequence, then adds the control
+    /// inputs the server fills.
+    async fn join_sequence(&self, s: &Arc<sequence::Sequences>, req: &mut InferRequest) -> Result<sequence::Turn> {
+        if let Some(t) = req.inputs.iter().find(|t| s.is_control(&t.name)) {
+            return Err(Error::invalid(format!(
+                "model `{}`: input `{}` is a control input, which the server fills from the sequence parameters; leave it out",
+                self.name, t.name
+            )));
+        }
+        let turn = s.join(req.sequence.as_ref()).await?;
+        let rows = req.rows().max(1);
+        req.inputs.extend(s.controls(&turn, rows, &self.signature)?);
+        Ok(turn)
     }
 
     /// Applies each tensor's `reshape` rule (`convert`: to the model's
@@ -230,6 +267,11 @@ impl ModelHandle {
         if !self.settings.reshape.is_empty() {
             self.reshape(&mut req.inputs, Reshape::to_model)?;
         }
+        // Held until the answer: the sequence's next request waits for it.
+        let _turn = match &self.sequences {
+            None => self.no_sequence(&req)?,
+            Some(s) => Some(self.join_sequence(s, &mut req).await?),
+        };
         protocol::validate(&mut req, &self.name, &self.signature)?;
         let classify = std::mem::take(&mut req.classify);
         let (mut tensors, tag) = self

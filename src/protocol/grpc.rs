@@ -57,6 +57,7 @@ pub fn decode_request(
         int_param(&req.parameters, "timeout"),
         int_param(&req.parameters, "priority"),
     )?;
+    let sequence = sequence_params(&req.parameters)?;
     let mut places = Vec::with_capacity(req.inputs.len());
     for input in &req.inputs {
         places.push(shm::from_grpc(
@@ -101,6 +102,7 @@ pub fn decode_request(
         inputs,
         outputs: (!outputs.is_empty()).then_some(outputs),
         schedule,
+        sequence,
         classify,
     };
     Ok((request, in_shm))
@@ -119,6 +121,37 @@ fn from_region(input: InferInputTensor, at: &ShmRef, regions: &dyn Regions) -> R
 
 /// Parameter `key` as a non-negative integer (Triton's clients send
 /// `int64_param`), or what was sent instead.
+/// The request's sequence id as text (none for 0 or ""), to keep the
+/// requests of one sequence in order on a stream.
+pub fn sequence_key(req: &ModelInferRequest) -> Option<String> {
+    use inference::infer_parameter::ParameterChoice;
+    match req.parameters.get("sequence_id")?.parameter_choice.as_ref()? {
+        ParameterChoice::Int64Param(0) | ParameterChoice::Uint64Param(0) => None,
+        ParameterChoice::Int64Param(v) => Some(v.to_string()),
+        ParameterChoice::Uint64Param(v) => Some(v.to_string()),
+        ParameterChoice::StringParam(s) if !s.is_empty() => Some(format!("\"{s}")),
+        _ => None,
+    }
+}
+
+/// The request's sequence parameters (Triton's sequence extension).
+fn sequence_params(
+    params: &HashMap<String, InferParameter>,
+) -> Result<Option<super::sequence::Sequence>, Error> {
+    use super::sequence::Value as V;
+    use inference::infer_parameter::ParameterChoice;
+    super::sequence::read(|key| {
+        Some(match params.get(key)?.parameter_choice.as_ref() {
+            Some(ParameterChoice::Int64Param(v)) => V::Signed(*v),
+            Some(ParameterChoice::Uint64Param(v)) => V::Unsigned(*v),
+            Some(ParameterChoice::BoolParam(b)) => V::Bool(*b),
+            Some(ParameterChoice::StringParam(s)) => V::Text(s),
+            Some(ParameterChoice::DoubleParam(d)) => V::Other(format!("the double {d}")),
+            None => V::Other("no value".into()),
+        })
+    })
+}
+
 fn int_param(params: &HashMap<String, InferParameter>, key: &str) -> Option<Result<u64, String>> {
     use inference::infer_parameter::ParameterChoice;
     let choice = params.get(key)?.parameter_choice.as_ref();

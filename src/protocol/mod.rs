@@ -18,6 +18,7 @@ pub mod v1;
 pub mod v2;
 pub mod v2_binary;
 mod v2_scan;
+pub mod sequence;
 
 use crate::error::Error;
 use crate::tensor::{Signature, Tensor, TensorSpec};
@@ -36,6 +37,8 @@ pub struct InferRequest {
     /// Requested outputs to answer with their top classes (Triton's
     /// classification extension): (output, how many).
     pub classify: Vec<(String, usize)>,
+    /// Its sequence parameters (Triton's sequence extension), when it has any.
+    pub sequence: Option<sequence::Sequence>,
 }
 
 /// Triton's schedule-policy parameters of one request.
@@ -247,6 +250,7 @@ mod tests {
         let mut req = InferRequest {
             schedule: Default::default(),
             classify: Vec::new(),
+            sequence: None,
             id: None,
             inputs,
             outputs,

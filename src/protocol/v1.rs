@@ -100,6 +100,7 @@ pub fn decode(body: &[u8], sig: &Signature) -> Result<InferRequest, Error> {
         .collect::<Result<_, _>>()?;
     Ok(InferRequest {
         schedule: Default::default(),
+        sequence: None,
         classify: Vec::new(),
         id: None,
         inputs,

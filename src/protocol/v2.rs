@@ -95,13 +95,18 @@ pub struct ServerMetadata {
 }
 
 /// The protocol extensions sluice serves, as Triton names them
-/// (`schedule_policy`: the `timeout` and `priority` request parameters).
-pub const EXTENSIONS: [&str; 6] = [
+/// (`schedule_policy`: the `timeout` and `priority` request parameters;
+/// `sequence`: `sequence_id` (integers and strings), `sequence_start`,
+/// `sequence_end`).
+pub const EXTENSIONS: [&str; 9] = [
     "binary_tensor_data",
+    "classification",
     "model_repository",
     "model_configuration",
     "statistics",
     "schedule_policy",
+    "sequence",
+    "sequence(string_id)",
     "system_shared_memory",
 ];
 
@@ -216,6 +221,24 @@ pub(crate) fn decode_input(input: RequestInput<'_>) -> Result<Tensor, Error> {
         name: input.name,
         shape,
         data,
+    })
+}
+
+/// The request's sequence parameters from its `parameters`.
+pub(crate) fn sequence(params: Option<&Map<String, Value>>) -> Result<Option<super::sequence::Sequence>, Error> {
+    use super::sequence::Value as V;
+    super::sequence::read(|key| {
+        let v = params?.get(key)?;
+        Some(match v {
+            Value::Bool(b) => V::Bool(*b),
+            Value::String(s) => V::Text(s),
+            Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+                (Some(u), _) => V::Unsigned(u),
+                (None, Some(i)) => V::Signed(i),
+                _ => V::Other(n.to_string()),
+            },
+            other => V::Other(json::show(&other.to_string()).to_string()),
+        })
     })
 }
 

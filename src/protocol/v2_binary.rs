@@ -111,6 +111,7 @@ pub(crate) fn decode_request_serde(
     })?;
     let all = bool_param(wire.parameters.as_ref(), "binary_data_output", "request")?.unwrap_or(false);
     let schedule = super::v2::schedule(wire.parameters.as_ref())?;
+    let sequence = super::v2::sequence(wire.parameters.as_ref())?;
 
     let mut rest = Binary {
         left: binary,
@@ -162,6 +163,7 @@ pub(crate) fn decode_request_serde(
             inputs,
             outputs,
             schedule,
+            sequence,
             classify,
         },
         outputs: OutputEncoding {

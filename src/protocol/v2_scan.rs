@@ -45,6 +45,7 @@ pub(super) fn decode(body: &[u8]) -> Option<InferRequest> {
     }
     Some(InferRequest {
         schedule: Default::default(),
+        sequence: None,
         classify: Vec::new(),
         id,
         inputs: inputs?,

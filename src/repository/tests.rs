@@ -97,6 +97,7 @@ async fn y_of_ones(model: &crate::model::ModelHandle) -> Result<f32, crate::erro
     let req = InferRequest {
         schedule: Default::default(),
         classify: Vec::new(),
+        sequence: None,
         id: None,
         inputs: vec![x],
         outputs: None,

@@ -86,6 +86,7 @@ fn full_file_with_every_field() {
         triton_config: None,
         labels: Default::default(),
         reshape: Default::default(),
+        sequence: None,
     };
     assert_eq!(s, expected);
 }

@@ -16,6 +16,8 @@ use crate::protocol::grpc::inference::{
 use crate::settings::{ModelDefaults, ModelSettings};
 use crate::tensor::reshape::Reshape;
 
+mod sequence;
+
 /// The platform and backend names of ONNX models in Triton.
 pub const PLATFORM: &str = "onnxruntime_onnx";
 pub const BACKEND: &str = "onnxruntime";
@@ -37,6 +39,9 @@ pub fn settings(
         ModelSettings::parse_with_uri(&text, name, defaults, uri).map_err(|e| e.to_string())?;
     settings.ignored = ignored;
     settings.reshape = reshapes(config);
+    if let Some(SchedulingChoice::SequenceBatching(s)) = &config.scheduling_choice {
+        settings.sequence = Some(sequence::settings(s)?);
+    }
     settings.triton_config = Some(super::config::to_json(config));
     Ok(settings)
 }
@@ -92,11 +97,7 @@ fn map(
     top.insert("max_batch_time".into(), json!(0.0));
     match &config.scheduling_choice {
         Some(SchedulingChoice::DynamicBatching(d)) => dynamic_batching(d, &mut top, ignored),
-        Some(SchedulingChoice::SequenceBatching(_)) => ignored.push(
-            "`sequence_batching`: the server does not fill control inputs or keep sequence state yet; \
-             clients send every input the ONNX file declares"
-                .into(),
-        ),
+        Some(SchedulingChoice::SequenceBatching(s)) => sequence::batching(s, &mut top, ignored),
         _ => {}
     }
     instance_groups(config, &mut top, ignored);

@@ -1,0 +1,286 @@
+//! The live sequences of a sequence model (Triton's sequence batcher, its
+//! `oldest` strategy): a request joins its sequence (a start opens one),
+//! waits for its turn (one request of a sequence runs at a time, in the
+//! order they came), gets the control inputs the server fills, and runs
+//! through the model's batcher like any request, so that requests of many
+//! sequences share batches. A sequence ends with its end flag, or when no
+//! request came for the idle timeout.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::error::Error;
+use crate::metrics;
+use crate::protocol::sequence::{Sequence, SequenceId};
+use crate::settings::sequence::{ControlKind, ControlValues, SequenceSettings};
+use crate::tensor::{DataType, Signature, Tensor, TensorData};
+
+/// One model version's live sequences. Shared by the copies a batching-only
+/// change makes of a handle.
+pub struct Sequences {
+    model: String,
+    settings: SequenceSettings,
+    /// By id. A std lock: held for a lookup, insert or sweep, never across
+    /// an await. Requests hold their sequence's `Arc` while they run.
+    live: Mutex<HashMap<SequenceId, Arc<Live>>>,
+}
+
+/// One live sequence.
+pub struct Live {
+    /// Its requests take turns, in the order they came (tokio's mutex is
+    /// fair); the request running holds it.
+    turn: Arc<tokio::sync::Mutex<()>>,
+    /// When its last request came.
+    last: Mutex<Instant>,
+    /// Requests of it that joined and are not done.
+    inside: AtomicUsize,
+    ended: AtomicBool,
+}
+
+/// A request's place in its sequence: held while it runs; the sequence ends
+/// when the request that carried the end flag is done.
+pub struct Turn {
+    sequences: Arc<Sequences>,
+    id: SequenceId,
+    live: Arc<Live>,
+    start: bool,
+    end: bool,
+    _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Sequences {
+    pub fn new(model: &str, settings: SequenceSettings) -> Sequences {
+        Sequences {
+            model: model.to_string(),
+            settings,
+            live: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Live sequences now.
+    pub fn live(&self) -> usize {
+        self.live.lock().expect("sequences lock poisoned").len()
+    }
+
+    /// The request's sequence (a start opens it), once it is the request's
+    /// turn. Refused: no sequence id, no start for a sequence that is not
+    /// live, one that timed out, or a start past the most live sequences.
+    pub async fn join(self: &Arc<Self>, seq: Option<&Sequence>) -> Result<Turn, Error> {
+        let m = &self.model;
+        let Some(seq) = seq else {
+            return Err(Error::invalid(format!(
+                "model `{m}` serves sequences: each request needs parameter `sequence_id` (a non-zero integer or a non-empty string), \
+                 with `sequence_start` true on a sequence's first request and `sequence_end` true on its last"
+            )));
+        };
+        let Some(id) = seq.id.clone() else {
+            return Err(Error::invalid(format!(
+                "model `{m}` serves sequences: parameter `sequence_id` must be a non-zero integer or a non-empty string (0 and \"\" mean none)"
+            )));
+        };
+        let live = self.find(&id, seq.start)?;
+        live.inside.fetch_add(1, Ordering::AcqRel);
+        let mut turn = Turn {
+            sequences: self.clone(),
+            id,
+            live: live.clone(),
+            start: seq.start,
+            end: seq.end,
+            _turn: None,
+        };
+        turn._turn = Some(live.turn.clone().lock_owned().await);
+        if live.ended.load(Ordering::Acquire) {
+            return Err(Error::invalid(format!(
+                "inference request for sequence {} to model '{m}': the sequence ended while the request waited its turn",
+                turn.id
+            )));
+        }
+        Ok(turn)
+    }
+
+    /// The live sequence `id`, or a new one for a start.
+    fn find(&self, id: &SequenceId, start: bool) -> Result<Arc<Live>, Error> {
+        let m = &self.model;
+        let now = Instant::now();
+        let mut live = self.live.lock().expect("sequences lock poisoned");
+        let idle = self.settings.idle;
+        let stale = |l: &Live| l.inside.load(Ordering::Acquire) == 0 && now.duration_since(*l.last.lock().unwrap()) > idle;
+        if !start {
+            let found = live.get(id).cloned();
+            return match found {
+                Some(l) if stale(&l) => {
+                    live.remove(id);
+                    self.ended(&l, "idle", live.len());
+                    Err(Error::invalid(format!(
+                        "inference request for sequence {id} to model '{m}': the sequence timed out (no request for {idle:?}, \
+                         the model's `max_sequence_idle_microseconds`); start it again with `sequence_start`"
+                    )))
+                }
+                Some(l) => {
+                    *l.last.lock().unwrap() = now;
+                    Ok(l)
+                }
+                None => Err(Error::invalid(format!(
+                    "inference request for sequence {id} to model '{m}' must specify the START flag on the first request of the sequence"
+                ))),
+            };
+        }
+        // A start sweeps the sequences that timed out, then opens this one
+        // (a start of a live sequence starts it again).
+        let expired: Vec<SequenceId> = live.iter().filter(|(_, l)| stale(l)).map(|(k, _)| k.clone()).collect();
+        for k in expired {
+            if let Some(l) = live.remove(&k) {
+                self.ended(&l, "idle", live.len());
+            }
+        }
+        if !live.contains_key(id) && live.len() >= self.settings.max_sequences {
+            return Err(Error::Busy {
+                message: format!(
+                    "inference request for sequence {id} to model '{m}': {} sequences are live, the most it holds \
+                     (`max_candidate_sequences`); end one, or retry later",
+                    live.len()
+                ),
+                retry_after: std::time::Duration::from_secs(1),
+            });
+        }
+        let fresh = Arc::new(Live {
+            turn: Arc::new(tokio::sync::Mutex::new(())),
+            last: Mutex::new(now),
+            inside: AtomicUsize::new(0),
+            ended: AtomicBool::new(false),
+        });
+        if let Some(old) = live.insert(id.clone(), fresh.clone()) {
+            old.ended.store(true, Ordering::Release);
+            metrics::sequence_ended(m, "restarted");
+        }
+        metrics::sequences_live(m, live.len());
+        Ok(fresh)
+    }
+
+    fn ended(&self, l: &Live, reason: &'static str, live: usize) {
+        l.ended.store(true, Ordering::Release);
+        metrics::sequence_ended(&self.model, reason);
+        metrics::sequences_live(&self.model, live);
+    }
+
+    /// The control inputs of a request of `rows` rows in `turn`, filled
+    /// with the sequence's facts as `sig`'s inputs declare them.
+    pub fn controls(&self, turn: &Turn, rows: usize, sig: &Signature) -> Result<Vec<Tensor>, Error> {
+        let mut out = Vec::with_capacity(self.settings.controls.len());
+        for c in &self.settings.controls {
+            let Some(spec) = sig.input(&c.input) else {
+                return Err(Error::Internal(format!(
+                    "control input `{}` is not an input of the model",
+                    c.input
+                )));
+            };
+            let mut shape: Vec<usize> = spec.shape.iter().map(|d| usize::try_from(*d).unwrap_or(1)).collect();
+            if let Some(first) = shape.first_mut().filter(|_| spec.shape.first() == Some(&-1)) {
+                *first = rows;
+            }
+            let n: usize = shape.iter().product();
+            let flag = |on: bool| match c.values {
+                ControlValues::Int32(v) => Fill::Number(v[on as usize] as f64),
+                ControlValues::Fp32(v) => Fill::Number(f32::from_bits(v[on as usize]) as f64),
+                ControlValues::Bool(v) => Fill::Number(v[on as usize] as u8 as f64),
+                ControlValues::Id(_) => Fill::Number(on as u8 as f64),
+            };
+            let fill = match c.kind {
+                ControlKind::Start => flag(turn.start),
+                ControlKind::End => flag(turn.end),
+                ControlKind::Ready => flag(true),
+                ControlKind::CorrelationId => match &turn.id {
+                    SequenceId::Number(n) => Fill::Id(*n),
+                    SequenceId::Text(s) => Fill::Text(s.clone()),
+                },
+            };
+            let data = fill.data(spec.dtype, n).map_err(|why| {
+                Error::invalid(format!(
+                    "model `{}`: control input `{}` ({}): {why}",
+                    self.model,
+                    c.input,
+                    c.kind.as_str()
+                ))
+            })?;
+            out.push(Tensor::new(c.input.clone(), shape, data).map_err(Error::Internal)?);
+        }
+        Ok(out)
+    }
+
+    /// Whether `name` is an input the server fills.
+    pub fn is_control(&self, name: &str) -> bool {
+        self.settings.controls.iter().any(|c| c.input == name)
+    }
+}
+
+impl Turn {
+    pub fn id(&self) -> &SequenceId {
+        &self.id
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        *self.live.last.lock().unwrap() = Instant::now();
+        self.live.inside.fetch_sub(1, Ordering::AcqRel);
+        if self.end {
+            let mut live = self.sequences.live.lock().expect("sequences lock poisoned");
+            // Only this sequence: a start may have replaced it meanwhile.
+            if live.get(&self.id).is_some_and(|l| Arc::ptr_eq(l, &self.live)) {
+                live.remove(&self.id);
+                let n = live.len();
+                drop(live);
+                self.sequences.ended(&self.live, "end", n);
+            }
+        }
+    }
+}
+
+/// What a control input holds.
+enum Fill {
+    Number(f64),
+    Id(u64),
+    Text(String),
+}
+
+impl Fill {
+    fn data(&self, dtype: DataType, n: usize) -> Result<TensorData, String> {
+        let number = match self {
+            Fill::Number(v) => *v,
+            Fill::Id(id) => {
+                return Ok(match dtype {
+                    DataType::U64 => TensorData::U64(vec![*id; n]),
+                    DataType::I64 => TensorData::I64(vec![*id as i64; n]),
+                    DataType::U32 => TensorData::U32(vec![*id as u32; n]),
+                    DataType::I32 => TensorData::I32(vec![*id as i32; n]),
+                    DataType::Bytes => TensorData::Bytes(vec![id.to_string().into_bytes(); n].into()),
+                    other => return Err(format!("a sequence id cannot be {other}")),
+                })
+            }
+            Fill::Text(s) => {
+                return match dtype {
+                    DataType::Bytes => Ok(TensorData::Bytes(vec![s.clone().into_bytes(); n].into())),
+                    DataType::U64 | DataType::I64 | DataType::U32 | DataType::I32 => {
+                        let id: u64 = s
+                            .parse()
+                            .map_err(|_| format!("the string sequence id {s:?} is not a number, and the input is {dtype}"))?;
+                        Fill::Id(id).data(dtype, n)
+                    }
+                    other => Err(format!("a sequence id cannot be {other}")),
+                }
+            }
+        };
+        Ok(match dtype {
+            DataType::Bool => TensorData::Bool(vec![number != 0.0; n]),
+            DataType::I32 => TensorData::I32(vec![number as i32; n]),
+            DataType::I64 => TensorData::I64(vec![number as i64; n]),
+            DataType::U8 => TensorData::U8(vec![number as u8; n]),
+            DataType::I8 => TensorData::I8(vec![number as i8; n]),
+            DataType::F32 => TensorData::F32(vec![number as f32; n]),
+            DataType::F64 => TensorData::F64(vec![number; n]),
+            other => return Err(format!("a control value cannot be {other}")),
+        })
+    }
+}
