@@ -202,7 +202,11 @@ impl ModelHandle {
 
     /// Waits for the request's turn in its sequence, then adds the control
     /// inputs the server fills.
-    async fn join_sequence(&self, s: &Arc<sequence::Sequences>, req: &mut InferRequest) -> Result<sequence::Turn> {
+    async fn join_sequence(
+        &self,
+        s: &Arc<sequence::Sequences>,
+        req: &mut InferRequest,
+    ) -> Result<sequence::Turn> {
         if let Some(t) = req.inputs.iter().find(|t| s.is_control(&t.name)) {
             return Err(Error::invalid(format!(
                 "model `{}`: input `{}` is a control input, which the server fills from the sequence parameters; leave it out",

@@ -106,7 +106,9 @@ impl Sequences {
         let now = Instant::now();
         let mut live = self.live.lock().expect("sequences lock poisoned");
         let idle = self.settings.idle;
-        let stale = |l: &Live| l.inside.load(Ordering::Acquire) == 0 && now.duration_since(*l.last.lock().unwrap()) > idle;
+        let stale = |l: &Live| {
+            l.inside.load(Ordering::Acquire) == 0 && now.duration_since(*l.last.lock().unwrap()) > idle
+        };
         if !start {
             let found = live.get(id).cloned();
             return match found {
@@ -129,7 +131,11 @@ impl Sequences {
         }
         // A start sweeps the sequences that timed out, then opens this one
         // (a start of a live sequence starts it again).
-        let expired: Vec<SequenceId> = live.iter().filter(|(_, l)| stale(l)).map(|(k, _)| k.clone()).collect();
+        let expired: Vec<SequenceId> = live
+            .iter()
+            .filter(|(_, l)| stale(l))
+            .map(|(k, _)| k.clone())
+            .collect();
         for k in expired {
             if let Some(l) = live.remove(&k) {
                 self.ended(&l, "idle", live.len());
@@ -176,7 +182,11 @@ impl Sequences {
                     c.input
                 )));
             };
-            let mut shape: Vec<usize> = spec.shape.iter().map(|d| usize::try_from(*d).unwrap_or(1)).collect();
+            let mut shape: Vec<usize> = spec
+                .shape
+                .iter()
+                .map(|d| usize::try_from(*d).unwrap_or(1))
+                .collect();
             if let Some(first) = shape.first_mut().filter(|_| spec.shape.first() == Some(&-1)) {
                 *first = rows;
             }
@@ -263,9 +273,9 @@ impl Fill {
                 return match dtype {
                     DataType::Bytes => Ok(TensorData::Bytes(vec![s.clone().into_bytes(); n].into())),
                     DataType::U64 | DataType::I64 | DataType::U32 | DataType::I32 => {
-                        let id: u64 = s
-                            .parse()
-                            .map_err(|_| format!("the string sequence id {s:?} is not a number, and the input is {dtype}"))?;
+                        let id: u64 = s.parse().map_err(|_| {
+                            format!("the string sequence id {s:?} is not a number, and the input is {dtype}")
+                        })?;
                         Fill::Id(id).data(dtype, n)
                     }
                     other => Err(format!("a sequence id cannot be {other}")),

@@ -12,13 +12,13 @@ pub mod classification;
 pub mod grpc;
 mod json;
 pub mod model_config;
+pub mod sequence;
 pub mod shm;
 pub mod statistics;
 pub mod v1;
 pub mod v2;
 pub mod v2_binary;
 mod v2_scan;
-pub mod sequence;
 
 use crate::error::Error;
 use crate::tensor::{Signature, Tensor, TensorSpec};

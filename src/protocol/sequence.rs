@@ -115,10 +115,16 @@ mod tests {
     #[test]
     fn ids_and_flags_are_read_and_zero_means_none() {
         assert_eq!(read_map(&[]).unwrap(), None);
-        let s = read_map(&[("sequence_id", Value::Unsigned(7)), ("sequence_start", Value::Bool(true))])
-            .unwrap()
-            .unwrap();
-        assert_eq!((s.id, s.start, s.end, s.named), (Some(SequenceId::Number(7)), true, false, "sequence_id"));
+        let s = read_map(&[
+            ("sequence_id", Value::Unsigned(7)),
+            ("sequence_start", Value::Bool(true)),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (s.id, s.start, s.end, s.named),
+            (Some(SequenceId::Number(7)), true, false, "sequence_id")
+        );
         let s = read_map(&[("sequence_id", Value::Text("abc"))]).unwrap().unwrap();
         assert_eq!(s.id, Some(SequenceId::Text("abc".into())));
         for zero in [Value::Unsigned(0), Value::Signed(0), Value::Text("")] {
@@ -130,11 +136,19 @@ mod tests {
 
     #[test]
     fn values_of_the_wrong_kind_are_named() {
-        let e = read_map(&[("sequence_id", Value::Signed(-3))]).unwrap_err().to_string();
-        assert!(e.contains("`sequence_id` must be a non-negative integer or a string, got -3"), "{e}");
-        let e = read_map(&[("sequence_id", Value::Unsigned(1)), ("sequence_start", Value::Unsigned(1))])
+        let e = read_map(&[("sequence_id", Value::Signed(-3))])
             .unwrap_err()
             .to_string();
+        assert!(
+            e.contains("`sequence_id` must be a non-negative integer or a string, got -3"),
+            "{e}"
+        );
+        let e = read_map(&[
+            ("sequence_id", Value::Unsigned(1)),
+            ("sequence_start", Value::Unsigned(1)),
+        ])
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("`sequence_start` must be true or false, got 1"), "{e}");
     }
 }

@@ -225,7 +225,9 @@ pub(crate) fn decode_input(input: RequestInput<'_>) -> Result<Tensor, Error> {
 }
 
 /// The request's sequence parameters from its `parameters`.
-pub(crate) fn sequence(params: Option<&Map<String, Value>>) -> Result<Option<super::sequence::Sequence>, Error> {
+pub(crate) fn sequence(
+    params: Option<&Map<String, Value>>,
+) -> Result<Option<super::sequence::Sequence>, Error> {
     use super::sequence::Value as V;
     super::sequence::read(|key| {
         let v = params?.get(key)?;

@@ -73,7 +73,9 @@ pub fn settings(s: &ModelSequenceBatching) -> Result<SequenceSettings, String> {
         us => std::time::Duration::from_micros(us),
     };
     let max_sequences = match &s.strategy_choice {
-        Some(StrategyChoice::Oldest(o)) if o.max_candidate_sequences > 0 => o.max_candidate_sequences as usize,
+        Some(StrategyChoice::Oldest(o)) if o.max_candidate_sequences > 0 => {
+            o.max_candidate_sequences as usize
+        }
         _ => DEFAULT_MAX_SEQUENCES,
     };
     Ok(SequenceSettings {
@@ -83,7 +85,9 @@ pub fn settings(s: &ModelSequenceBatching) -> Result<SequenceSettings, String> {
     })
 }
 
-fn flag_values(c: &crate::protocol::grpc::inference::model_sequence_batching::Control) -> Option<ControlValues> {
+fn flag_values(
+    c: &crate::protocol::grpc::inference::model_sequence_batching::Control,
+) -> Option<ControlValues> {
     if let [f, t] = c.int32_false_true[..] {
         return Some(ControlValues::Int32([f, t]));
     }

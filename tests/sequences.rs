@@ -1,0 +1,291 @@
+//! Sequence models (Triton's sequence batcher) against a real server:
+//! Triton's `simple_dyna_sequence` example (its ONNX file and config, which
+//! declares START, END, READY and CORRID control inputs) streamed over gRPC
+//! by several interleaved sequences, each answer equal to Python ONNX
+//! Runtime running that request alone with the control values Triton's
+//! documentation gives (START 1 on the first request, END 1 on the last,
+//! READY 1 on each, CORRID the sequence id); and the mistakes, each over
+//! REST and gRPC: sequence parameters sent to a model that has none, a
+//! sequence's first request without `sequence_start`, a sequence that sat
+//! idle past its timeout, more live sequences than the model allows.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::grpc::{client, infer_request};
+use common::*;
+use serde_json::{json, Value};
+use sluice::protocol::grpc::inference::{
+    infer_parameter::ParameterChoice, InferParameter, ModelInferRequest,
+};
+use tokio_stream::StreamExt;
+
+const EXAMPLES: &str = "tests/fixtures/triton/model_repository";
+
+/// A repository with Triton's `simple` and `simple_dyna_sequence`, the
+/// latter's config with each (as shipped, as run) replacement made (a
+/// shorter idle timeout, a lower bound on live sequences).
+/// `name`: the sequence model's folder and name (metrics are per name, and
+/// the tests of this file share a process).
+fn repository(name: &str, replace: &[(&str, &str)]) -> tempfile::TempDir {
+    let repo = repo_with(&[]);
+    copy_dir(&root().join(EXAMPLES).join("simple"), &repo.path().join("simple"));
+    copy_dir(
+        &root().join(EXAMPLES).join("simple_dyna_sequence"),
+        &repo.path().join(name),
+    );
+    let config = repo.path().join(name).join("config.pbtxt");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text = text.replace("name: \"simple_dyna_sequence\"", &format!("name: \"{name}\""));
+    for (from, to) in replace {
+        assert!(text.contains(from), "{from} is not in the example's config");
+        text = text.replace(from, to);
+    }
+    std::fs::write(&config, text).unwrap();
+    repo
+}
+
+/// Python ONNX Runtime on the model file, each row its own run:
+/// (INPUT, START, END, READY, CORRID) → OUTPUT.
+fn expected(model: &Path, rows: &[(i32, i32, i32, i32, u64)]) -> Vec<i32> {
+    let script = r#"
+import json, sys
+import numpy as np
+import onnxruntime as ort
+s = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+out = []
+for v, start, end, ready, corrid in json.loads(sys.stdin.read()):
+    feed = {"INPUT": np.array([[v]], np.int32), "START": np.array([[start]], np.int32),
+            "END": np.array([[end]], np.int32), "READY": np.array([[ready]], np.int32),
+            "CORRID": np.array([[corrid]], np.uint64)}
+    out.append(int(s.run(["OUTPUT"], feed)[0][0][0]))
+print(json.dumps(out))
+"#;
+    use std::io::Write;
+    let mut child = Command::new(python())
+        .args(["-c", script, model.to_str().unwrap()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let input = serde_json::to_string(
+        &rows
+            .iter()
+            .map(|r| json!([r.0, r.1, r.2, r.3, r.4]))
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn int32_request(model: &str, v: i32) -> ModelInferRequest {
+    let mut r = infer_request(model, "INPUT", &[1, 1], &[]);
+    r.inputs[0].datatype = "INT32".into();
+    r.raw_input_contents = vec![v.to_le_bytes().to_vec().into()];
+    r
+}
+
+fn sequence(r: &mut ModelInferRequest, id: u64, start: bool, end: bool) {
+    let p = |c| InferParameter {
+        parameter_choice: Some(c),
+    };
+    r.parameters
+        .insert("sequence_id".into(), p(ParameterChoice::Uint64Param(id)));
+    r.parameters
+        .insert("sequence_start".into(), p(ParameterChoice::BoolParam(start)));
+    r.parameters
+        .insert("sequence_end".into(), p(ParameterChoice::BoolParam(end)));
+}
+
+fn output(r: &sluice::protocol::grpc::inference::ModelInferResponse) -> i32 {
+    i32::from_le_bytes(r.raw_output_contents[0][..4].try_into().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_inputs_are_filled_for_interleaved_sequences_on_a_stream() {
+    let repo = repository("simple_dyna_sequence", &[]);
+    let s = TestServer::start(repo.path()).await;
+    let values = [11, 7, 5, 3, 2, 0, 1];
+    // Three sequences, their requests interleaved on one stream.
+    let ids = [1000u64, 1001, 77];
+    let mut sent = Vec::new();
+    let mut rows = Vec::new();
+    for (k, v) in values.iter().enumerate() {
+        for (j, id) in ids.iter().enumerate() {
+            let value = v * (j as i32 + 1);
+            let (start, end) = (k == 0, k == values.len() - 1);
+            let mut r = int32_request("simple_dyna_sequence", value);
+            sequence(&mut r, *id, start, end);
+            r.id = format!("{id}_{k}");
+            sent.push(r);
+            rows.push((value, start as i32, end as i32, 1, *id));
+        }
+    }
+    let want = expected(&repo.path().join("simple_dyna_sequence/1/model.onnx"), &rows);
+    let mut g = client(&s).await;
+    let mut answers = g
+        .model_stream_infer(tokio_stream::iter(sent.clone()))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut got = std::collections::HashMap::new();
+    while let Some(a) = answers.next().await {
+        let a = a.unwrap();
+        assert!(a.error_message.is_empty(), "{}", a.error_message);
+        let r = a.infer_response.unwrap();
+        got.insert(r.id.clone(), output(&r));
+        if got.len() == sent.len() {
+            break;
+        }
+    }
+    for (r, want) in sent.iter().zip(&want) {
+        assert_eq!(got.get(&r.id), Some(want), "request {}", r.id);
+    }
+    // Every sequence ended with its end flag.
+    let text = s.metrics().await;
+    let ended = common::reload::metric_value(
+        &text,
+        "sluice_sequences_ended_total",
+        &[("model", "simple_dyna_sequence"), ("reason", "end")],
+    );
+    assert_eq!(ended, 3.0);
+    assert_eq!(
+        common::reload::metric_value(
+            &text,
+            "sluice_sequences_live",
+            &[("model", "simple_dyna_sequence")]
+        ),
+        0.0
+    );
+    s.stop().await.unwrap();
+}
+
+/// A REST request of `simple_dyna_sequence` with sequence parameters.
+fn rest(v: i32, params: Value) -> Value {
+    json!({
+        "inputs": [v2_input("INPUT", "INT32", &[1, 1], json!([[v]]))],
+        "parameters": params,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequence_mistakes_are_refused_over_rest_and_grpc() {
+    let repo = repository(
+        "dyna_limits",
+        &[
+            (
+                "max_sequence_idle_microseconds: 10000000",
+                "max_sequence_idle_microseconds: 300000",
+            ),
+            ("max_candidate_sequences: 1024", "max_candidate_sequences: 2"),
+        ],
+    );
+    let s = TestServer::start(repo.path()).await;
+    let mut g = client(&s).await;
+    let url = "/v2/models/dyna_limits/infer";
+
+    // Sequence parameters on a model that has none.
+    let simple = json!({"inputs": [
+        v2_input("INPUT0", "INT32", &[1, 16], json!([vec![0; 16]])),
+        v2_input("INPUT1", "INT32", &[1, 16], json!([vec![0; 16]])),
+    ], "parameters": {"sequence_id": 5, "sequence_start": true}});
+    let (status, r) = s.post("/v2/models/simple/infer", &simple).await;
+    assert_eq!(status, 400, "{r}");
+    assert!(
+        error_message(&r).contains("not a sequence model") && error_message(&r).contains("`sequence_id`"),
+        "{r}"
+    );
+    let mut req = infer_request("simple", "INPUT0", &[1, 16], &[]);
+    req.inputs[0].datatype = "INT32".into();
+    let mut second = req.inputs[0].clone();
+    second.name = "INPUT1".into();
+    req.inputs.push(second);
+    req.raw_input_contents = vec![vec![0u8; 64].into(), vec![0u8; 64].into()];
+    sequence(&mut req, 5, true, false);
+    let e = g.model_infer(req).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("`sequence_id`"), "{e:?}");
+
+    // A first request without sequence_start, and a request with no id.
+    let (status, r) = s.post(url, &rest(1, json!({"sequence_id": 9}))).await;
+    assert_eq!(status, 400, "{r}");
+    let want = "inference request for sequence 9 to model 'dyna_limits' must specify the START flag on the first request of the sequence";
+    assert!(error_message(&r).contains(want), "{r}");
+    let mut req = int32_request("dyna_limits", 1);
+    sequence(&mut req, 9, false, false);
+    let e = g.model_infer(req).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains(want), "{e:?}");
+    let (status, r) = s.post(url, &rest(1, json!({}))).await;
+    assert_eq!(status, 400, "{r}");
+    assert!(error_message(&r).contains("needs parameter `sequence_id`"), "{r}");
+
+    // Two live sequences are the most: a third start is refused (503), an
+    // end makes room.
+    for id in [1, 2] {
+        let (status, r) = s
+            .post(url, &rest(1, json!({"sequence_id": id, "sequence_start": true})))
+            .await;
+        assert_eq!(status, 200, "{r}");
+    }
+    let (status, r) = s
+        .post(url, &rest(1, json!({"sequence_id": 3, "sequence_start": true})))
+        .await;
+    assert_eq!(status, 503, "{r}");
+    assert!(error_message(&r).contains("2 sequences are live"), "{r}");
+    let mut req = int32_request("dyna_limits", 1);
+    sequence(&mut req, 3, true, false);
+    let e = g.model_infer(req).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    let (status, r) = s
+        .post(url, &rest(1, json!({"sequence_id": 2, "sequence_end": true})))
+        .await;
+    assert_eq!(status, 200, "{r}");
+    let (status, r) = s
+        .post(url, &rest(1, json!({"sequence_id": 3, "sequence_start": true})))
+        .await;
+    assert_eq!(status, 200, "{r}");
+    let (status, r) = s
+        .post(url, &rest(1, json!({"sequence_id": 1, "sequence_end": true})))
+        .await;
+    assert_eq!(status, 200, "{r}");
+
+    // Idle past the timeout (0.3 s): the sequence is ended, its next
+    // request refused naming why; a string id over gRPC the same.
+    let mut req = int32_request("dyna_limits", 1);
+    req.parameters.insert(
+        "sequence_id".into(),
+        InferParameter {
+            parameter_choice: Some(ParameterChoice::StringParam("41".into())),
+        },
+    );
+    req.parameters.insert(
+        "sequence_start".into(),
+        InferParameter {
+            parameter_choice: Some(ParameterChoice::BoolParam(true)),
+        },
+    );
+    g.model_infer(req.clone()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let (status, r) = s.post(url, &rest(1, json!({"sequence_id": 3}))).await;
+    assert_eq!(status, 400, "{r}");
+    assert!(error_message(&r).contains("the sequence timed out"), "{r}");
+    req.parameters.remove("sequence_start");
+    let e = g.model_infer(req).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("timed out"), "{e:?}");
+    let text = s.metrics().await;
+    let idle = common::reload::metric_value(
+        &text,
+        "sluice_sequences_ended_total",
+        &[("model", "dyna_limits"), ("reason", "idle")],
+    );
+    assert!(idle >= 2.0, "{idle} ended idle");
+    s.stop().await.unwrap();
+}
