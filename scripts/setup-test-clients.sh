@@ -2,6 +2,7 @@
 # Install the standard Open Inference Protocol clients that the end-to-end
 # tests drive against a real sluice (tests/standard_clients.rs):
 #   - NVIDIA's `tritonclient` (HTTP and gRPC) in the virtual environment .venv-clients/
+#   - the rapidocr-onnxruntime and silero-vad wheels, for their ONNX models
 #   - `perf_analyzer`, the binary that ships inside the tritonclient 2.41.1 manylinux
 #     wheel (bin/perf_analyzer), with what it needs at run time:
 #       libb64.so.0d    from Debian's libb64-0d (apt-get, only when missing)
@@ -95,6 +96,18 @@ if [[ ! -f "$RAPIDOCR" ]] || ! echo "$RAPIDOCR_SHA256  $RAPIDOCR" | sha256sum -c
   "$VENV/bin/python" -m pip download --disable-pip-version-check --quiet --no-deps --only-binary=:all: \
     --dest "$VENV/wheels" rapidocr-onnxruntime==1.4.4 || die "pip download rapidocr-onnxruntime failed"
   echo "$RAPIDOCR_SHA256  $RAPIDOCR" | sha256sum -c --quiet - || die "$RAPIDOCR: unexpected sha256"
+fi
+
+# 3b. The silero-vad wheel, for silero_vad.onnx (a voice-activity detector
+#     whose recurrent state the server keeps: tests/sequences.rs). Only
+#     downloaded, never installed: its dependencies (torch) are not needed.
+SILERO="$VENV/wheels/silero_vad-6.2.3-py3-none-any.whl"
+SILERO_SHA256=7b7f5436cfcb02fae583a05b512ea96467fd449fe54cb49a5e4f06c51a1e43b8
+if [[ ! -f "$SILERO" ]] || ! echo "$SILERO_SHA256  $SILERO" | sha256sum -c --quiet - 2>/dev/null; then
+  log "downloading the silero-vad 6.2.3 wheel (its ONNX model) ..."
+  "$VENV/bin/python" -m pip download --disable-pip-version-check --quiet --no-deps --only-binary=:all: \
+    --dest "$VENV/wheels" silero-vad==6.2.3 || die "pip download silero-vad failed"
+  echo "$SILERO_SHA256  $SILERO" | sha256sum -c --quiet - || die "$SILERO: unexpected sha256"
 fi
 
 # 4. perf_analyzer: the wheel installs it as $VENV/bin/perf_analyzer.

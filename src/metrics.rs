@@ -38,6 +38,7 @@ pub const QUEUE_WAIT_PREDICTED: &str = "sluice_queue_wait_predicted_seconds";
 pub const TLS_RELOADS: &str = "sluice_tls_reloads_total";
 pub const SEQUENCES_LIVE: &str = "sluice_sequences_live";
 pub const SEQUENCES_ENDED: &str = "sluice_sequences_ended_total";
+pub const SEQUENCE_STATE: &str = "sluice_sequence_state_bytes";
 pub const TLS_EXPIRATION: &str = "sluice_tls_certificate_expiration_timestamp_seconds";
 
 /// Label value for requests to a model the registry does not know (keeps
@@ -187,6 +188,11 @@ fn describe_requests() {
 fn describe_models() {
     describe_gauge!(MODEL_READY, Unit::Count, "1 while the model serves, else 0.");
     describe_gauge!(SEQUENCES_LIVE, Unit::Count, "Live sequences of a sequence model.");
+    describe_gauge!(
+        SEQUENCE_STATE,
+        Unit::Bytes,
+        "Host memory the live sequences' states hold."
+    );
     describe_counter!(
         SEQUENCES_ENDED,
         Unit::Count,
@@ -424,6 +430,11 @@ pub fn model_load(model: &str, reason: &'static str) {
 /// `model` has `n` live sequences.
 pub fn sequences_live(model: &str, n: usize) {
     gauge!(SEQUENCES_LIVE, "model" => model.to_string()).set(n as f64);
+}
+
+/// The live sequences of `model` hold `bytes` of state.
+pub fn sequence_state_bytes(model: &str, bytes: u64) {
+    gauge!(SEQUENCE_STATE, "model" => model.to_string()).set(bytes as f64);
 }
 
 /// A sequence of `model` ended (`reason`: `end`, `idle`, `restarted`).

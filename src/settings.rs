@@ -324,7 +324,8 @@ pub fn validate_model_name(name: &str) -> Result<(), String> {
 /// The known fields of each object, space-separated.
 const TOP: &str = "name parameters max_batch_size max_batch_time batch_policy max_queue_size timeout \
                    instances execution_provider device_ids intra_op_threads warmup pinned cuda batcher priority_levels default_priority refuse_predicted_late \
-                   padding max_batch_tokens max_padding_ratio batch_axes inputs outputs implementation parallel_workers warm_workers platform versions cache_enabled";
+                   padding max_batch_tokens max_padding_ratio batch_axes inputs outputs implementation parallel_workers warm_workers platform versions cache_enabled \
+                   sequence";
 const PARAMETERS: &str = "uri version content_type format extra";
 /// What `intra_op_threads` takes.
 const THREADS: &str = "an integer between 1 and 1024 or null";
@@ -434,6 +435,7 @@ impl ModelSettings {
             .map(|v| w.batch_axes(v))
             .unwrap_or_default();
         let cuda = get(top, "cuda").map_or_else(CudaOptions::default, |v| w.cuda_options(v));
+        let sequence = get(top, "sequence").and_then(|v| w.sequence(v));
         if !batch_axes.is_empty() && !padding.is_empty() {
             w.problems.push(
                 "`batch_axes` and `padding` are both set: a padded model batches on dim 0; remove one of them".into(),
@@ -474,7 +476,7 @@ impl ModelSettings {
             triton_config: None,
             labels: Default::default(),
             reshape: Default::default(),
-            sequence: None,
+            sequence,
         })
     }
 

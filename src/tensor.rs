@@ -220,6 +220,26 @@ impl TensorData {
         }
     }
 
+    /// `n` zeros of the given type (empty strings for BYTES).
+    pub fn zeros(dtype: DataType, n: usize) -> TensorData {
+        match dtype {
+            DataType::Bool => TensorData::Bool(vec![false; n]),
+            DataType::U8 => TensorData::U8(vec![0; n]),
+            DataType::U16 => TensorData::U16(vec![0; n]),
+            DataType::U32 => TensorData::U32(vec![0; n]),
+            DataType::U64 => TensorData::U64(vec![0; n]),
+            DataType::I8 => TensorData::I8(vec![0; n]),
+            DataType::I16 => TensorData::I16(vec![0; n]),
+            DataType::I32 => TensorData::I32(vec![0; n]),
+            DataType::I64 => TensorData::I64(vec![0; n]),
+            DataType::F16 => TensorData::F16(vec![half::f16::ZERO; n]),
+            DataType::Bf16 => TensorData::Bf16(vec![half::bf16::ZERO; n]),
+            DataType::F32 => TensorData::F32(vec![0.0; n]),
+            DataType::F64 => TensorData::F64(vec![0.0; n]),
+            DataType::Bytes => TensorData::Bytes(vec![Vec::new(); n].into()),
+        }
+    }
+
     /// Appends `other`'s elements. Panics if the types differ: callers check
     /// datatypes against the model signature before they concatenate.
     pub fn extend_from(&mut self, other: &TensorData) {

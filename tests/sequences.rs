@@ -289,3 +289,181 @@ async fn sequence_mistakes_are_refused_over_rest_and_grpc() {
     assert!(idle >= 2.0, "{idle} ended idle");
     s.stop().await.unwrap();
 }
+
+/// silero-vad (`silero_vad.onnx` from the `silero-vad` wheel), its
+/// recurrent state kept by the server: `state` → `stateN`, batched on axis 1
+/// (`[2, batch, 128]`, which Triton cannot batch), the sample rate a shared
+/// 0-d input.
+fn silero_repository() -> tempfile::TempDir {
+    let wheel = root().join(".venv-clients/wheels/silero_vad-6.2.3-py3-none-any.whl");
+    assert!(
+        wheel.is_file(),
+        "{} is missing: run scripts/setup-test-clients.sh",
+        wheel.display()
+    );
+    let repo = repo_with(&[]);
+    let dir = repo.path().join("silero");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = "import sys, zipfile; open(sys.argv[2], 'wb').write(zipfile.ZipFile(sys.argv[1]).read('silero_vad/data/silero_vad.onnx'))";
+    let out = Command::new(python())
+        .args(["-c", script])
+        .arg(&wheel)
+        .arg(dir.join("model.onnx"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let settings = json!({
+        "max_batch_size": 64,
+        "max_batch_time": 0.003,
+        "batch_axes": {"state": 1, "stateN": 1},
+        "sequence": {"state": [{"input": "state", "output": "stateN"}], "idle_timeout": 60},
+    });
+    std::fs::write(dir.join("model-settings.json"), settings.to_string()).unwrap();
+    repo
+}
+
+/// `CLIPS` clips of `CHUNKS` chunks of 512 samples (seeded tones in noise),
+/// and each chunk's speech probability from Python ONNX Runtime running the
+/// clip alone, its state carried by hand from chunk to chunk.
+const CLIPS: usize = 64;
+const CHUNKS: usize = 6;
+
+fn clips_and_probabilities(model: &Path) -> (Vec<Vec<Vec<f32>>>, Vec<Vec<f32>>) {
+    let script = r#"
+import json, sys
+import numpy as np
+import onnxruntime as ort
+clips, chunks = int(sys.argv[2]), int(sys.argv[3])
+s = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+rng = np.random.default_rng(7)
+all_clips, all_probs = [], []
+for c in range(clips):
+    t = np.arange(512 * chunks) / 16000.0
+    tone = 0.5 * np.sin(2 * np.pi * (150 + 20 * c) * t) * (np.sin(2 * np.pi * 3 * t + c) > 0)
+    audio = (tone + 0.05 * rng.standard_normal(t.shape)).astype(np.float32)
+    state = np.zeros((2, 1, 128), np.float32)
+    parts, probs = [], []
+    for k in range(chunks):
+        chunk = audio[k * 512:(k + 1) * 512]
+        out, state = s.run(["output", "stateN"], {"input": chunk[None, :], "state": state, "sr": np.array(16000, np.int64)})
+        parts.append(chunk.tolist())
+        probs.append(float(out[0][0]))
+    all_clips.append(parts)
+    all_probs.append(probs)
+# The state matters: each chunk run from zeros answers differently.
+fresh = [float(s.run(["output"], {"input": np.array(all_clips[c][k], np.float32)[None, :],
+         "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000, np.int64)})[0][0][0])
+         for c in range(clips) for k in range(1, chunks)]
+carried = [all_probs[c][k] for c in range(clips) for k in range(1, chunks)]
+assert max(abs(a - b) for a, b in zip(fresh, carried)) > 1e-2, "the state does not change the answers"
+print(json.dumps({"clips": all_clips, "probs": all_probs}))
+"#;
+    let out = Command::new(python())
+        .args([
+            "-c",
+            script,
+            model.to_str().unwrap(),
+            &CLIPS.to_string(),
+            &CHUNKS.to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let clips = serde_json::from_value(v["clips"].clone()).unwrap();
+    let probs = serde_json::from_value(v["probs"].clone()).unwrap();
+    (clips, probs)
+}
+
+/// The mean batch size of `model` so far (`sluice_batch_size`).
+async fn mean_batch(s: &TestServer, model: &str) -> f64 {
+    let text = s.metrics().await;
+    let sum = common::reload::metric_value(&text, "sluice_batch_size_sum", &[("model", model)]);
+    let count = common::reload::metric_value(&text, "sluice_batch_size_count", &[("model", model)]);
+    sum / count.max(1.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silero_vad_streams_64_clips_with_its_state_on_the_server() {
+    let repo = silero_repository();
+    let (clips, want) = clips_and_probabilities(&repo.path().join("silero/model.onnx"));
+    let s = TestServer::start(repo.path()).await;
+
+    // gRPC: one stream, the clips' chunks interleaved, each clip a sequence.
+    let mut sent = Vec::new();
+    for k in 0..CHUNKS {
+        for (c, clip) in clips.iter().enumerate() {
+            let mut r = infer_request("silero", "input", &[1, 512], &clip[k]);
+            let mut sr = r.inputs[0].clone();
+            (sr.name, sr.datatype, sr.shape) = ("sr".into(), "INT64".into(), vec![]);
+            r.inputs.push(sr);
+            r.raw_input_contents.push(16000i64.to_le_bytes().to_vec().into());
+            sequence(&mut r, c as u64 + 1, k == 0, k == CHUNKS - 1);
+            r.id = format!("{c}_{k}");
+            sent.push(r);
+        }
+    }
+    let mut g = client(&s).await;
+    let mut answers = g
+        .model_stream_infer(tokio_stream::iter(sent))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut got = 0;
+    while let Some(a) = answers.next().await {
+        let a = a.unwrap();
+        assert!(a.error_message.is_empty(), "{}", a.error_message);
+        let r = a.infer_response.unwrap();
+        let (c, k) = r.id.split_once('_').unwrap();
+        let (c, k): (usize, usize) = (c.parse().unwrap(), k.parse().unwrap());
+        assert_eq!(r.outputs.len(), 1, "only `output`: the state stays on the server");
+        let p = f32::from_le_bytes(r.raw_output_contents[0][..4].try_into().unwrap());
+        assert!(
+            (p - want[c][k]).abs() < 1e-4,
+            "clip {c} chunk {k}: {p} vs {}",
+            want[c][k]
+        );
+        got += 1;
+        if got == CLIPS * CHUNKS {
+            break;
+        }
+    }
+    let grpc_batch = mean_batch(&s, "silero").await;
+    eprintln!("silero over a gRPC stream: mean batch size {grpc_batch:.1}");
+    assert!(
+        grpc_batch > 1.0,
+        "mean batch size {grpc_batch}: the sequences did not share batches"
+    );
+
+    // REST: each clip its own client, sending its chunks in turn.
+    let mut tasks = Vec::new();
+    for (c, clip) in clips.iter().cloned().enumerate() {
+        let (client_, url) = (s.client.clone(), s.url("/v2/models/silero/infer"));
+        let want = want[c].clone();
+        tasks.push(tokio::spawn(async move {
+            for (k, chunk) in clip.iter().enumerate() {
+                let body = json!({
+                    "inputs": [
+                        v2_input("input", "FP32", &[1, 512], json!([chunk])),
+                        v2_input("sr", "INT64", &[], json!([16000])),
+                    ],
+                    "parameters": {"sequence_id": format!("clip-{c}"), "sequence_start": k == 0, "sequence_end": k == CHUNKS - 1},
+                });
+                let a = common::reload::infer(&client_, &url, &body).await;
+                assert_eq!(a.status, 200, "{}", a.body);
+                let p = flat_f64(&v2_output(&a.body, "output")["data"])[0];
+                assert!((p - want[k] as f64).abs() < 1e-4, "clip {c} chunk {k}: {p} vs {}", want[k]);
+                assert!(a.body["outputs"].as_array().unwrap().len() == 1, "{}", a.body);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let text = s.metrics().await;
+    let live = common::reload::metric_value(&text, "sluice_sequences_live", &[("model", "silero")]);
+    assert_eq!(live, 0.0, "every clip ended");
+    let held = common::reload::metric_value(&text, "sluice_sequence_state_bytes", &[("model", "silero")]);
+    assert_eq!(held, 0.0, "their state is freed");
+    s.stop().await.unwrap();
+}

@@ -209,13 +209,19 @@ impl ModelHandle {
     ) -> Result<sequence::Turn> {
         if let Some(t) = req.inputs.iter().find(|t| s.is_control(&t.name)) {
             return Err(Error::invalid(format!(
-                "model `{}`: input `{}` is a control input, which the server fills from the sequence parameters; leave it out",
+                "model `{}`: input `{}` is a control input or a state, which the server fills; leave it out",
                 self.name, t.name
             )));
         }
         let turn = s.join(req.sequence.as_ref()).await?;
         let rows = req.rows().max(1);
         req.inputs.extend(s.controls(&turn, rows, &self.signature)?);
+        if s.has_state() {
+            let axes = &self.settings.batch_axes;
+            req.inputs
+                .extend(s.state_inputs(&turn, rows, &self.signature, axes)?);
+            s.request_state(&mut req.outputs);
+        }
         Ok(turn)
     }
 
@@ -272,7 +278,7 @@ impl ModelHandle {
             self.reshape(&mut req.inputs, Reshape::to_model)?;
         }
         // Held until the answer: the sequence's next request waits for it.
-        let _turn = match &self.sequences {
+        let turn = match &self.sequences {
             None => self.no_sequence(&req)?,
             Some(s) => Some(self.join_sequence(s, &mut req).await?),
         };
@@ -282,6 +288,9 @@ impl ModelHandle {
             .batcher
             .submit(req.inputs, req.outputs.as_deref(), arrival, req.schedule)
             .await?;
+        if let (Some(s), Some(t)) = (&self.sequences, &turn) {
+            s.keep_state(t, &mut tensors);
+        }
         if !self.settings.reshape.is_empty() {
             self.reshape(&mut tensors, Reshape::to_client)?;
         }

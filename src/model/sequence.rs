@@ -1,10 +1,13 @@
 //! The live sequences of a sequence model (Triton's sequence batcher, its
 //! `oldest` strategy): a request joins its sequence (a start opens one),
 //! waits for its turn (one request of a sequence runs at a time, in the
-//! order they came), gets the control inputs the server fills, and runs
-//! through the model's batcher like any request, so that requests of many
-//! sequences share batches. A sequence ends with its end flag, or when no
-//! request came for the idle timeout.
+//! order they came), gets the control inputs the server fills and the
+//! state its previous request left (zeros for its first), and runs through
+//! the model's batcher like any request, so that requests of many
+//! sequences share batches (a state batches on its own axis, `batch_axes`).
+//! Its state outputs become the sequence's next state and leave the answer.
+//! A sequence ends with its end flag, or when no request came for the idle
+//! timeout; its state goes with it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -25,6 +28,8 @@ pub struct Sequences {
     /// By id. A std lock: held for a lookup, insert or sweep, never across
     /// an await. Requests hold their sequence's `Arc` while they run.
     live: Mutex<HashMap<SequenceId, Arc<Live>>>,
+    /// Bytes the live sequences' states hold.
+    state_bytes: std::sync::atomic::AtomicU64,
 }
 
 /// One live sequence.
@@ -37,6 +42,9 @@ pub struct Live {
     /// Requests of it that joined and are not done.
     inside: AtomicUsize,
     ended: AtomicBool,
+    /// The state its last request left, named as the state inputs (empty
+    /// before its first). Written by the request holding the turn.
+    state: Mutex<Vec<Tensor>>,
 }
 
 /// A request's place in its sequence: held while it runs; the sequence ends
@@ -56,7 +64,99 @@ impl Sequences {
             model: model.to_string(),
             settings,
             live: Mutex::new(HashMap::new()),
+            state_bytes: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Whether the model has state the server keeps.
+    pub fn has_state(&self) -> bool {
+        !self.settings.states.is_empty()
+    }
+
+    /// The state inputs of `turn`'s request of `rows` rows: what its
+    /// previous request left, or zeros shaped as `sig` declares the input
+    /// (`rows` on its batch axis, `axes`).
+    pub fn state_inputs(
+        &self,
+        turn: &Turn,
+        rows: usize,
+        sig: &Signature,
+        axes: &std::collections::BTreeMap<String, usize>,
+    ) -> Result<Vec<Tensor>, Error> {
+        let kept = turn.live.state.lock().expect("state lock poisoned").clone();
+        if !kept.is_empty() {
+            return Ok(kept);
+        }
+        let mut out = Vec::with_capacity(self.settings.states.len());
+        for st in &self.settings.states {
+            let Some(spec) = sig.input(&st.input) else {
+                return Err(Error::Internal(format!(
+                    "state input `{}` is not an input of the model",
+                    st.input
+                )));
+            };
+            let axis = axes.get(&st.input).copied().unwrap_or(0);
+            let mut shape = Vec::with_capacity(spec.shape.len());
+            for (i, d) in spec.shape.iter().enumerate() {
+                shape.push(match (*d, i == axis) {
+                    (_, true) => rows,
+                    (d, false) if d >= 0 => d as usize,
+                    _ => {
+                        return Err(Error::invalid(format!(
+                            "model `{}`: state input `{}` has shape {:?}: sluice makes a sequence's first state as zeros, \
+                             which needs every dim but the batch axis ({axis}) fixed",
+                            self.model, st.input, spec.shape
+                        )))
+                    }
+                });
+            }
+            let n: usize = shape.iter().product();
+            let data = crate::tensor::TensorData::zeros(spec.dtype, n);
+            out.push(Tensor::new(st.input.clone(), shape, data).map_err(Error::Internal)?);
+        }
+        Ok(out)
+    }
+
+    /// The outputs the server keeps (`requested`: the client's list, if it
+    /// gave one) added to what the batcher must answer.
+    pub fn request_state(&self, requested: &mut Option<Vec<String>>) {
+        if let Some(list) = requested {
+            for st in &self.settings.states {
+                if !list.contains(&st.output) {
+                    list.push(st.output.clone());
+                }
+            }
+        }
+    }
+
+    /// Takes the state outputs out of `outputs` and keeps them, named as
+    /// the state inputs, for the sequence's next request.
+    pub fn keep_state(&self, turn: &Turn, outputs: &mut Vec<Tensor>) {
+        let mut next = Vec::with_capacity(self.settings.states.len());
+        for st in &self.settings.states {
+            if let Some(i) = outputs.iter().position(|t| t.name == st.output) {
+                let mut t = outputs.remove(i);
+                t.name = st.input.clone();
+                next.push(t);
+            }
+        }
+        let bytes: u64 = next.iter().map(|t| t.data.heap_bytes() as u64).sum();
+        let mut kept = turn.live.state.lock().expect("state lock poisoned");
+        let before: u64 = kept.iter().map(|t| t.data.heap_bytes() as u64).sum();
+        *kept = next;
+        drop(kept);
+        self.account(bytes as i64 - before as i64);
+    }
+
+    /// Adds `delta` to the state bytes held, and says so in the gauge.
+    fn account(&self, delta: i64) {
+        let now = match delta >= 0 {
+            true => self.state_bytes.fetch_add(delta as u64, Ordering::AcqRel) + delta as u64,
+            false => {
+                self.state_bytes.fetch_sub(delta.unsigned_abs(), Ordering::AcqRel) - delta.unsigned_abs()
+            }
+        };
+        metrics::sequence_state_bytes(&self.model, now);
     }
 
     /// Live sequences now.
@@ -156,8 +256,10 @@ impl Sequences {
             last: Mutex::new(now),
             inside: AtomicUsize::new(0),
             ended: AtomicBool::new(false),
+            state: Mutex::new(Vec::new()),
         });
         if let Some(old) = live.insert(id.clone(), fresh.clone()) {
+            self.free(&old);
             old.ended.store(true, Ordering::Release);
             metrics::sequence_ended(m, "restarted");
         }
@@ -165,7 +267,17 @@ impl Sequences {
         Ok(fresh)
     }
 
+    /// Drops a sequence's state.
+    fn free(&self, l: &Live) {
+        let kept = std::mem::take(&mut *l.state.lock().expect("state lock poisoned"));
+        let bytes: u64 = kept.iter().map(|t| t.data.heap_bytes() as u64).sum();
+        if bytes > 0 {
+            self.account(-(bytes as i64));
+        }
+    }
+
     fn ended(&self, l: &Live, reason: &'static str, live: usize) {
+        self.free(l);
         l.ended.store(true, Ordering::Release);
         metrics::sequence_ended(&self.model, reason);
         metrics::sequences_live(&self.model, live);
@@ -222,6 +334,7 @@ impl Sequences {
     /// Whether `name` is an input the server fills.
     pub fn is_control(&self, name: &str) -> bool {
         self.settings.controls.iter().any(|c| c.input == name)
+            || self.settings.states.iter().any(|s| s.input == name)
     }
 }
 

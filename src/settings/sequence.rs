@@ -1,9 +1,13 @@
-//! A sequence model's settings (Triton's `sequence_batching`): the control
-//! inputs the server fills in each request of a sequence, how long a
-//! sequence may go without a request, and how many may be live at once.
+//! A sequence model's settings (Triton's `sequence_batching`, or
+//! `model-settings.json`'s `sequence` object): the control inputs the server
+//! fills in each request of a sequence, the state it keeps between them, how
+//! long a sequence may go without a request, and how many may be live at once.
 
 use std::time::Duration;
 
+use serde_json::Value;
+
+use super::walk::{get, Walker};
 use crate::tensor::DataType;
 
 /// How long a sequence may go without a request before it is ended
@@ -17,10 +21,22 @@ pub const DEFAULT_MAX_SEQUENCES: usize = 1024;
 pub struct SequenceSettings {
     /// Inputs the server fills, in each request of a sequence.
     pub controls: Vec<Control>,
+    /// State the server keeps: each pair's output is the input's value in
+    /// the sequence's next request.
+    pub states: Vec<State>,
     /// A sequence with no request for this long is ended, its state freed.
     pub idle: Duration,
     /// Most sequences live at once; a start past it is refused (503).
     pub max_sequences: usize,
+}
+
+/// One implicit state: `output` of a request is `input` of the sequence's
+/// next; its first request gets zeros. Its batch axis is the model's
+/// (`batch_axes`, dim 0 by default).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct State {
+    pub input: String,
+    pub output: String,
 }
 
 /// One control input: which of the sequence's facts it carries, and how.
@@ -61,6 +77,122 @@ impl ControlKind {
             ControlKind::End => "CONTROL_SEQUENCE_END",
             ControlKind::Ready => "CONTROL_SEQUENCE_READY",
             ControlKind::CorrelationId => "CONTROL_SEQUENCE_CORRID",
+        }
+    }
+}
+
+const SEQUENCE: &str = "controls state idle_timeout max_sequences";
+const CONTROL: &str = "input kind false_true";
+const STATE: &str = "input output";
+const KINDS: &[(&str, ControlKind)] = &[
+    ("start", ControlKind::Start),
+    ("end", ControlKind::End),
+    ("ready", ControlKind::Ready),
+    ("correlation_id", ControlKind::CorrelationId),
+];
+
+impl Walker {
+    /// `model-settings.json`'s `sequence` object.
+    pub(super) fn sequence(&mut self, v: &Value) -> Option<SequenceSettings> {
+        let obj = self.object(v, "sequence.", SEQUENCE)?;
+        let mut out = SequenceSettings {
+            controls: Vec::new(),
+            states: Vec::new(),
+            idle: DEFAULT_IDLE,
+            max_sequences: DEFAULT_MAX_SEQUENCES,
+        };
+        if let Some(v) = get(obj, "idle_timeout") {
+            let secs = self.number(v, "sequence.idle_timeout", "a number of seconds above 0", |x| {
+                x > 0.0
+            })?;
+            out.idle = Duration::from_secs_f64(secs);
+        }
+        if let Some(v) = get(obj, "max_sequences") {
+            out.max_sequences = self.int(v, "sequence.max_sequences", 1, 1 << 20)? as usize;
+        }
+        for (i, c) in self.array(obj, "controls").iter().enumerate() {
+            let path = format!("sequence.controls[{i}]");
+            let Some(c) = self.object(c, &format!("{path}."), CONTROL) else {
+                continue;
+            };
+            let input =
+                get(c, "input").and_then(|v| self.string(v, &format!("{path}.input"), "an input name"));
+            let kind = get(c, "kind").and_then(|v| self.choice(v, &format!("{path}.kind"), KINDS, false));
+            let (Some(input), Some(kind)) = (input, kind) else {
+                self.push::<()>(format!("`{path}` needs `input` and `kind`"));
+                continue;
+            };
+            let values = match (kind, get(c, "false_true")) {
+                (ControlKind::CorrelationId, None) => ControlValues::Id(DataType::U64),
+                (ControlKind::CorrelationId, Some(_)) => {
+                    self.push::<()>(format!(
+                        "`{path}.false_true`: a correlation id has no false and true values"
+                    ));
+                    continue;
+                }
+                (_, None) => ControlValues::Int32([0, 1]),
+                (_, Some(v)) => match self.false_true(v, &format!("{path}.false_true")) {
+                    Some(values) => values,
+                    None => continue,
+                },
+            };
+            out.controls.push(Control {
+                input: input.to_string(),
+                kind,
+                values,
+            });
+        }
+        for (i, st) in self.array(obj, "state").iter().enumerate() {
+            let path = format!("sequence.state[{i}]");
+            let Some(st) = self.object(st, &format!("{path}."), STATE) else {
+                continue;
+            };
+            let name = |w: &mut Walker, key: &str| {
+                get(st, key).and_then(|v| w.string(v, &format!("{path}.{key}"), "a tensor name"))
+            };
+            match (name(self, "input"), name(self, "output")) {
+                (Some(input), Some(output)) => out.states.push(State {
+                    input: input.to_string(),
+                    output: output.to_string(),
+                }),
+                _ => {
+                    self.push::<()>(format!(
+                        "`{path}` needs `input` (the state input) and `output` (its next value)"
+                    ));
+                }
+            }
+        }
+        Some(out)
+    }
+
+    /// `obj[key]` as an array (absent: empty).
+    fn array(&mut self, obj: &serde_json::Map<String, Value>, key: &str) -> Vec<Value> {
+        match get(obj, key) {
+            None => Vec::new(),
+            Some(Value::Array(a)) => a.clone(),
+            Some(v) => self
+                .bad(&format!("sequence.{key}"), "an array", v)
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Two values, false then true: integers, numbers or booleans.
+    fn false_true(&mut self, v: &Value, path: &str) -> Option<ControlValues> {
+        let expected = "two values, false then true: [0, 1], [0.0, 1.0] or [false, true]";
+        match v.as_array().map(Vec::as_slice) {
+            Some([Value::Bool(f), Value::Bool(t)]) => Some(ControlValues::Bool([*f, *t])),
+            Some([f, t]) if f.is_i64() && t.is_i64() => {
+                let int = |x: &Value| i32::try_from(x.as_i64()?).ok();
+                match (int(f), int(t)) {
+                    (Some(f), Some(t)) => Some(ControlValues::Int32([f, t])),
+                    _ => self.bad(path, expected, v),
+                }
+            }
+            Some([f, t]) if f.is_number() && t.is_number() => {
+                let (f, t) = (f.as_f64()? as f32, t.as_f64()? as f32);
+                Some(ControlValues::Fp32([f.to_bits(), t.to_bits()]))
+            }
+            _ => self.bad(path, expected, v),
         }
     }
 }

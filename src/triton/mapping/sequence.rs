@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 use crate::protocol::grpc::inference::model_sequence_batching::{control::Kind, StrategyChoice};
 use crate::protocol::grpc::inference::ModelSequenceBatching;
 use crate::settings::sequence::{
-    Control, ControlKind, ControlValues, SequenceSettings, DEFAULT_IDLE, DEFAULT_MAX_SEQUENCES,
+    Control, ControlKind, ControlValues, SequenceSettings, State, DEFAULT_IDLE, DEFAULT_MAX_SEQUENCES,
 };
 use crate::tensor::DataType;
 
@@ -21,12 +21,12 @@ pub fn batching(s: &ModelSequenceBatching, top: &mut Map<String, Value>, ignored
         None => 0,
     };
     top.insert("max_batch_time".into(), json!(delay_us as f64 / 1e6));
-    if !s.state.is_empty() {
-        ignored.push(
-            "`sequence_batching.state` (implicit state): not kept by the server yet; clients send the state \
-             inputs and take the state outputs"
-                .into(),
-        );
+    for (i, st) in s.state.iter().enumerate() {
+        if !st.initial_state.is_empty() {
+            ignored.push(format!(
+                "`sequence_batching.state[{i}].initial_state`: a sequence's state starts as zeros"
+            ));
+        }
     }
     if s.iterative_sequence {
         ignored.push("`sequence_batching.iterative_sequence`: not supported".into());
@@ -78,8 +78,17 @@ pub fn settings(s: &ModelSequenceBatching) -> Result<SequenceSettings, String> {
         }
         _ => DEFAULT_MAX_SEQUENCES,
     };
+    let states = s
+        .state
+        .iter()
+        .map(|st| State {
+            input: st.input_name.clone(),
+            output: st.output_name.clone(),
+        })
+        .collect();
     Ok(SequenceSettings {
         controls,
+        states,
         idle,
         max_sequences,
     })
