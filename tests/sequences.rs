@@ -16,6 +16,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::grpc::{client, infer_request};
+use common::reload::wait_for;
 use common::*;
 use serde_json::{json, Value};
 use sluice::protocol::grpc::inference::{
@@ -465,5 +466,63 @@ async fn silero_vad_streams_64_clips_with_its_state_on_the_server() {
     assert_eq!(live, 0.0, "every clip ended");
     let held = common::reload::metric_value(&text, "sluice_sequence_state_bytes", &[("model", "silero")]);
     assert_eq!(held, 0.0, "their state is freed");
+    s.stop().await.unwrap();
+}
+
+/// A new version (a version folder added) while sequences are live: they
+/// finish on the version they started on (their answers say version 1),
+/// new ones start on version 2; every answer equals Python ONNX Runtime's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_sequences_finish_on_their_version_across_a_reload() {
+    let repo = repository("dyna_reload", &[]);
+    let s = TestServer::start(repo.path()).await;
+    let url = "/v2/models/dyna_reload/infer";
+    let model = repo.path().join("dyna_reload/1/model.onnx");
+    let step = |id: u64, v: i32, start: bool, end: bool| {
+        let s = &s;
+        async move {
+            let params = json!({"sequence_id": id, "sequence_start": start, "sequence_end": end});
+            let (status, r) = s.post(url, &rest(v, params)).await;
+            assert_eq!(status, 200, "{r}");
+            let out = flat_f64(&v2_output(&r, "OUTPUT")["data"])[0] as i32;
+            (out, r["model_version"].as_str().unwrap().to_string())
+        }
+    };
+    let mut rows = Vec::new();
+    let mut got = Vec::new();
+    for id in 1..=3u64 {
+        got.push(step(id, 10 + id as i32, true, false).await);
+        rows.push((10 + id as i32, 1, 0, 1, id));
+    }
+    assert!(got.iter().all(|(_, v)| v == "1"));
+    // Version 2: a copy of the same file, written aside and renamed in.
+    let dir = repo.path().join("dyna_reload");
+    std::fs::create_dir_all(dir.join(".staging")).unwrap();
+    std::fs::copy(&model, dir.join(".staging/model.onnx")).unwrap();
+    std::fs::rename(dir.join(".staging"), dir.join("2")).unwrap();
+    let mut probe = 100u64;
+    wait_for("a new sequence to start on version 2", || {
+        probe += 1;
+        let id = probe;
+        let step = &step;
+        async move { (step(id, 1, true, true).await.1 == "2").then_some(()) }
+    })
+    .await;
+    for (k, end) in [(0, false), (1, true)] {
+        for id in 1..=3u64 {
+            let v = 20 + 10 * k + id as i32;
+            got.push(step(id, v, false, end).await);
+            rows.push((v, 0, end as i32, 1, id));
+        }
+    }
+    let want = expected(&model, &rows);
+    for (i, ((out, version), want)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(out, want, "answer {i}");
+        assert_eq!(
+            version, "1",
+            "answer {i}: a live sequence finishes on its version"
+        );
+    }
+    assert_eq!(step(500, 5, true, true).await.1, "2");
     s.stop().await.unwrap();
 }

@@ -34,6 +34,10 @@ pub struct ModelHandle {
     activity: Arc<Activity>,
     /// A sequence model's live sequences (`settings.sequence`).
     sequences: Option<Arc<sequence::Sequences>>,
+    /// The version this one replaced while sequences were live on it: they
+    /// finish there (their state is that version's); new ones start here.
+    /// Let go once none is left.
+    previous: std::sync::Mutex<Option<Arc<ModelHandle>>>,
 }
 
 /// When a version loaded, when a request last used it, and how many
@@ -138,6 +142,7 @@ impl ModelHandle {
             batcher,
             activity: Arc::new(Activity::new()),
             sequences,
+            previous: std::sync::Mutex::new(None),
         }
     }
 
@@ -154,7 +159,31 @@ impl ModelHandle {
             batcher: self.batcher.clone(),
             activity: self.activity.clone(),
             sequences: self.sequences.clone(),
+            previous: std::sync::Mutex::new(self.previous.lock().expect("previous lock poisoned").clone()),
         }
+    }
+
+    /// This version replaces `old`, whose live sequences finish on it.
+    pub fn follow(&self, old: Arc<ModelHandle>) {
+        *self.previous.lock().expect("previous lock poisoned") = Some(old);
+    }
+
+    /// The version a request of a sequence that started before this
+    /// version served must run on, if any.
+    fn previous_for(&self, seq: &protocol::sequence::Sequence) -> Option<Arc<ModelHandle>> {
+        let (Some(s), Some(id)) = (&self.sequences, &seq.id) else {
+            return None;
+        };
+        if seq.start || s.is_live(id) {
+            return None;
+        }
+        let mut previous = self.previous.lock().expect("previous lock poisoned");
+        let prev = previous.clone()?;
+        if prev.live_sequences() == 0 {
+            *previous = None;
+            return None;
+        }
+        prev.sequences.as_ref()?.is_live(id).then_some(prev)
     }
 
     /// When it loaded, when it was last used, whether a request is inside.
@@ -185,6 +214,16 @@ impl ModelHandle {
             *t = protocol::classification::classify(t, n, labels, batched)?;
         }
         Ok(())
+    }
+
+    /// Sequences live on this version now.
+    pub fn live_sequences(&self) -> usize {
+        self.sequences.as_ref().map_or(0, |s| s.live())
+    }
+
+    /// Bytes the live sequences' state holds.
+    pub fn sequence_state_bytes(&self) -> u64 {
+        self.sequences.as_ref().map_or(0, |s| s.state_bytes())
     }
 
     /// A model that is not a sequence model refuses sequence parameters:
@@ -264,6 +303,9 @@ impl ModelHandle {
     /// comes here, so requests from all of them share batches; the outcome
     /// is counted in the model's statistics.
     pub async fn infer(&self, req: InferRequest, arrival: Instant) -> Result<InferResponse> {
+        if let Some(prev) = req.sequence.as_ref().and_then(|s| self.previous_for(s)) {
+            return Box::pin(prev.infer(req, arrival)).await;
+        }
         let _inside = Inside::enter(&self.activity);
         let result = self.run(req, arrival).await;
         self.batcher

@@ -68,6 +68,11 @@ impl Sequences {
         }
     }
 
+    /// Bytes the live sequences' state holds.
+    pub fn state_bytes(&self) -> u64 {
+        self.state_bytes.load(Ordering::Acquire)
+    }
+
     /// Whether the model has state the server keeps.
     pub fn has_state(&self) -> bool {
         !self.settings.states.is_empty()
@@ -157,6 +162,14 @@ impl Sequences {
             }
         };
         metrics::sequence_state_bytes(&self.model, now);
+    }
+
+    /// Whether sequence `id` is live here.
+    pub fn is_live(&self, id: &SequenceId) -> bool {
+        self.live
+            .lock()
+            .expect("sequences lock poisoned")
+            .contains_key(id)
     }
 
     /// Live sequences now.

@@ -160,6 +160,11 @@ impl Repository {
         let Some(t) = self.tracked.get(folder) else { return };
         let successor = t.phase.serving().map(|v| &v.handle);
         match successor {
+            // Live sequences finish on the version they started on.
+            Some(new) if hand_over && old.handle.live_sequences() > 0 => {
+                tracing::info!(model = %t.name, sequences = old.handle.live_sequences(), "live sequences finish on the old version; new ones start on the new");
+                new.follow(old.handle.clone());
+            }
             Some(new) if hand_over && old.handle.signature == new.signature => {
                 old.handle.batcher().handoff_to(new.batcher().clone());
             }

@@ -231,7 +231,8 @@ impl Repository {
                     name: t.folder.clone(),
                     charge: charged(t, h),
                     last_active: h.activity().last_active(),
-                    busy: h.activity().busy() || h.batcher().queued() > 0,
+                    // Live sequences hold state only this version has.
+                    busy: h.activity().busy() || h.batcher().queued() > 0 || h.live_sequences() > 0,
                     pinned: self.pinned(&h.settings),
                 })
             })
@@ -349,12 +350,15 @@ impl Repository {
     }
 }
 
-/// What model `t`, serving `h`, is charged: the most its loads of this file measured.
+/// What model `t`, serving `h`, is charged: the most its loads of this file
+/// measured, and the state its live sequences hold (host memory).
 fn charged(t: &Tracked, h: &ModelHandle) -> Charge {
-    match &t.known {
+    let mut charge = match &t.known {
         Some((_, known)) => known.clone(),
         None => charge_of(h),
-    }
+    };
+    *charge.entry("cpu".to_string()).or_default() += h.sequence_state_bytes();
+    charge
 }
 
 /// Each CUDA device's memory in use (empty without a GPU), read off the async runtime.
