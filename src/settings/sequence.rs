@@ -101,14 +101,17 @@ impl Walker {
             idle: DEFAULT_IDLE,
             max_sequences: DEFAULT_MAX_SEQUENCES,
         };
+        // Every field is checked, so that one message names every mistake.
         if let Some(v) = get(obj, "idle_timeout") {
-            let secs = self.number(v, "sequence.idle_timeout", "a number of seconds above 0", |x| {
-                x > 0.0
-            })?;
-            out.idle = Duration::from_secs_f64(secs);
+            let expected = "a number of seconds above 0";
+            if let Some(secs) = self.number(v, "sequence.idle_timeout", expected, |x| x > 0.0) {
+                out.idle = Duration::from_secs_f64(secs);
+            }
         }
         if let Some(v) = get(obj, "max_sequences") {
-            out.max_sequences = self.int(v, "sequence.max_sequences", 1, 1 << 20)? as usize;
+            if let Some(n) = self.int(v, "sequence.max_sequences", 1, 1 << 20) {
+                out.max_sequences = n as usize;
+            }
         }
         for (i, c) in self.array(obj, "controls").iter().enumerate() {
             let path = format!("sequence.controls[{i}]");
