@@ -196,7 +196,7 @@ fn describe_models() {
     describe_counter!(
         SEQUENCES_ENDED,
         Unit::Count,
-        "Sequences ended, by reason (`end`: the end flag, `idle`: no request for the idle timeout, `restarted`: a start of a live sequence)."
+        "Sequences ended, by reason (`end`: the end flag, `idle`: no request for the idle timeout, `restarted`: a start of a live sequence, `unloaded`: its version went, or the server stopped)."
     );
     describe_gauge!(
         MODEL_BATCHING,

@@ -190,6 +190,13 @@ async fn sequence_mistakes_are_refused_over_rest_and_grpc() {
     let s = TestServer::start(repo.path()).await;
     let mut g = client(&s).await;
     let url = "/v2/models/dyna_limits/infer";
+    let (_, meta) = s.get("/v2").await;
+    for ext in ["sequence", "sequence(string_id)"] {
+        assert!(
+            meta["extensions"].as_array().unwrap().contains(&json!(ext)),
+            "{meta}"
+        );
+    }
 
     // Sequence parameters on a model that has none.
     let simple = json!({"inputs": [
@@ -329,7 +336,8 @@ fn silero_repository() -> tempfile::TempDir {
 const CLIPS: usize = 64;
 const CHUNKS: usize = 6;
 
-fn clips_and_probabilities(model: &Path) -> (Vec<Vec<Vec<f32>>>, Vec<Vec<f32>>) {
+/// `init`: a file holding the state each clip starts from (else zeros).
+fn clips_and_probabilities(model: &Path, init: Option<&Path>) -> (Vec<Vec<Vec<f32>>>, Vec<Vec<f32>>) {
     let script = r#"
 import json, sys
 import numpy as np
@@ -342,7 +350,7 @@ for c in range(clips):
     t = np.arange(512 * chunks) / 16000.0
     tone = 0.5 * np.sin(2 * np.pi * (150 + 20 * c) * t) * (np.sin(2 * np.pi * 3 * t + c) > 0)
     audio = (tone + 0.05 * rng.standard_normal(t.shape)).astype(np.float32)
-    state = np.zeros((2, 1, 128), np.float32)
+    state = np.fromfile(sys.argv[4], np.float32).reshape(2, 1, 128) if sys.argv[4] else np.zeros((2, 1, 128), np.float32)
     parts, probs = [], []
     for k in range(chunks):
         chunk = audio[k * 512:(k + 1) * 512]
@@ -367,6 +375,7 @@ print(json.dumps({"clips": all_clips, "probs": all_probs}))
             &CLIPS.to_string(),
             &CHUNKS.to_string(),
         ])
+        .arg(init.map_or(String::new(), |p| p.display().to_string()))
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -387,7 +396,7 @@ async fn mean_batch(s: &TestServer, model: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silero_vad_streams_64_clips_with_its_state_on_the_server() {
     let repo = silero_repository();
-    let (clips, want) = clips_and_probabilities(&repo.path().join("silero/model.onnx"));
+    let (clips, want) = clips_and_probabilities(&repo.path().join("silero/model.onnx"), None);
     let s = TestServer::start(repo.path()).await;
 
     // gRPC: one stream, the clips' chunks interleaved, each clip a sequence.
@@ -524,5 +533,63 @@ async fn live_sequences_finish_on_their_version_across_a_reload() {
         );
     }
     assert_eq!(step(500, 5, true, true).await.1, "2");
+    s.stop().await.unwrap();
+}
+
+/// A state's initial value from a file of the model folder
+/// (`sequence.state[].initial_file`: one sequence's state, raw
+/// little-endian): each sequence starts from it, and the answers equal
+/// Python ONNX Runtime's starting from the same state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_initial_state_file_starts_each_sequence() {
+    let repo = silero_repository();
+    let dir = repo.path().join("silero");
+    let init: Vec<u8> = (0..256)
+        .flat_map(|i| (((i % 17) as f32 - 8.0) / 20.0).to_le_bytes())
+        .collect();
+    std::fs::write(dir.join("state0.bin"), &init).unwrap();
+    let text = std::fs::read_to_string(dir.join("model-settings.json")).unwrap();
+    let mut settings: Value = serde_json::from_str(&text).unwrap();
+    settings["sequence"]["state"][0]["initial_file"] = json!("state0.bin");
+    std::fs::write(dir.join("model-settings.json"), settings.to_string()).unwrap();
+    let model = dir.join("model.onnx");
+    let (clips, want) = clips_and_probabilities(&model, Some(&dir.join("state0.bin")));
+    let (_, zeros) = clips_and_probabilities(&model, None);
+    assert_ne!(
+        want[0][0], zeros[0][0],
+        "the initial state changes the first answer"
+    );
+    let s = TestServer::start(repo.path()).await;
+    for (c, clip) in clips.iter().take(3).enumerate() {
+        for (k, chunk) in clip.iter().enumerate() {
+            let body = json!({
+                "inputs": [
+                    v2_input("input", "FP32", &[1, 512], json!([chunk])),
+                    v2_input("sr", "INT64", &[], json!([16000])),
+                ],
+                "parameters": {"sequence_id": c + 1, "sequence_start": k == 0, "sequence_end": k == CHUNKS - 1},
+            });
+            let (status, r) = s.post("/v2/models/silero/infer", &body).await;
+            assert_eq!(status, 200, "{r}");
+            let p = flat_f64(&v2_output(&r, "output")["data"])[0];
+            assert!(
+                (p - want[c][k] as f64).abs() < 1e-4,
+                "clip {c} chunk {k}: {p} vs {}",
+                want[c][k]
+            );
+        }
+    }
+    // A file of the wrong size is refused at load, naming it; the last good
+    // version keeps serving.
+    std::fs::write(dir.join("state0.bin"), &init[..100]).unwrap();
+    std::fs::write(dir.join("model-settings.json"), settings.to_string() + " ").unwrap();
+    wait_for("the refused change to be noted", || async {
+        let (_, index) = s.post("/v2/repository/index", &json!({})).await;
+        let reason = index[0]["reason"].as_str().unwrap_or("").to_string();
+        reason
+            .contains("the initial state of `state` (state0.bin)")
+            .then_some(())
+    })
+    .await;
     s.stop().await.unwrap();
 }

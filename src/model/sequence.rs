@@ -116,7 +116,10 @@ impl Sequences {
                 });
             }
             let n: usize = shape.iter().product();
-            let data = crate::tensor::TensorData::zeros(spec.dtype, n);
+            let data = match &st.initial_bytes {
+                Some(bytes) => initial(&st.input, spec.dtype, &shape, bytes, rows)?,
+                None => crate::tensor::TensorData::zeros(spec.dtype, n),
+            };
             out.push(Tensor::new(st.input.clone(), shape, data).map_err(Error::Internal)?);
         }
         Ok(out)
@@ -351,6 +354,21 @@ impl Sequences {
     }
 }
 
+/// A version that goes (unloaded, replaced once its sequences moved on, or
+/// at shutdown) ends the sequences still live on it.
+impl Drop for Sequences {
+    fn drop(&mut self) {
+        let live = std::mem::take(&mut *self.live.lock().unwrap_or_else(|e| e.into_inner()));
+        for _ in &live {
+            metrics::sequence_ended(&self.model, "unloaded");
+        }
+        if !live.is_empty() {
+            metrics::sequences_live(&self.model, 0);
+            metrics::sequence_state_bytes(&self.model, 0);
+        }
+    }
+}
+
 impl Turn {
     pub fn id(&self) -> &SequenceId {
         &self.id
@@ -372,6 +390,19 @@ impl Drop for Turn {
             }
         }
     }
+}
+
+/// A state's initial value for a request of `rows` rows: the file holds one
+/// sequence's (one row's) state, repeated for each row.
+fn initial(
+    name: &str,
+    dtype: DataType,
+    shape: &[usize],
+    bytes: &[u8],
+    rows: usize,
+) -> Result<TensorData, Error> {
+    let all = bytes.repeat(rows.max(1));
+    crate::protocol::binary::decode(&format!("the initial state of `{name}`"), dtype, shape, &all)
 }
 
 /// What a control input holds.

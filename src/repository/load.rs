@@ -104,6 +104,7 @@ pub async fn build(
     .await
     .map_err(|e| LoadError::Internal(format!("loading {} panicked: {e}", path.display())))??;
     let Checked { padding, layout } = check_loaded(name, &mut settings, &loaded.signature)?;
+    read_initial_states(&mut settings, dir, &loaded.signature)?;
     let devices: Vec<Device> = loaded.sessions.iter().map(|(d, _)| *d).collect();
     let outputs: Vec<String> = loaded.signature.outputs.iter().map(|o| o.name.clone()).collect();
     let started = Instant::now();
@@ -161,6 +162,51 @@ pub async fn build(
     );
     handle.warmup_rejected = warmed.rejected;
     Ok(handle)
+}
+
+/// Reads each sequence state's initial value file, and checks that it holds
+/// one sequence's state as the ONNX file declares the input (1 on its batch
+/// axis).
+fn read_initial_states(
+    settings: &mut ModelSettings,
+    dir: &std::path::Path,
+    sig: &Signature,
+) -> Result<(), LoadError> {
+    let axes = settings.batch_axes.clone();
+    let Some(seq) = settings.sequence.as_mut() else {
+        return Ok(());
+    };
+    for st in &mut seq.states {
+        let Some(file) = &st.initial else { continue };
+        let what = format!("the initial state of `{}` ({})", st.input, file.display());
+        let bytes = std::fs::read(dir.join(file)).map_err(|e| LoadError::Files(format!("{what}: {e}")))?;
+        let spec = sig.input(&st.input).ok_or_else(|| {
+            LoadError::Files(format!("{what}: `{}` is not an input of the ONNX file", st.input))
+        })?;
+        let axis = axes.get(&st.input).copied().unwrap_or(0);
+        let shape: Option<Vec<usize>> = spec
+            .shape
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                if i == axis {
+                    Some(1)
+                } else {
+                    usize::try_from(*d).ok()
+                }
+            })
+            .collect();
+        let shape = shape.ok_or_else(|| {
+            LoadError::Files(format!(
+                "{what}: the input's shape {:?} has a dynamic dim besides its batch axis",
+                spec.shape
+            ))
+        })?;
+        crate::protocol::binary::decode(&what, spec.dtype, &shape, &bytes)
+            .map_err(|e| LoadError::Files(e.to_string()))?;
+        st.initial_bytes = Some(std::sync::Arc::new(bytes));
+    }
+    Ok(())
 }
 
 /// What [`check_loaded`] found in a loaded file.

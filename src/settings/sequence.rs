@@ -31,13 +31,28 @@ pub struct SequenceSettings {
 }
 
 /// One implicit state: `output` of a request is `input` of the sequence's
-/// next; its first request gets zeros. Its batch axis is the model's
-/// (`batch_axes`, dim 0 by default).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// next; its first request gets zeros, or the initial state read from
+/// `initial` (raw little-endian values of one sequence's state). Its batch
+/// axis is the model's (`batch_axes`, dim 0 by default).
+#[derive(Debug, Clone, Default)]
 pub struct State {
     pub input: String,
     pub output: String,
+    /// The initial state's file, relative to the model folder.
+    pub initial: Option<std::path::PathBuf>,
+    /// Its bytes, read when the model loads.
+    pub initial_bytes: Option<std::sync::Arc<Vec<u8>>>,
 }
+
+/// Settings compare by what is written in them: the bytes a load read are
+/// not a change of the folder.
+impl PartialEq for State {
+    fn eq(&self, other: &State) -> bool {
+        (&self.input, &self.output, &self.initial) == (&other.input, &other.output, &other.initial)
+    }
+}
+
+impl Eq for State {}
 
 /// One control input: which of the sequence's facts it carries, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +98,7 @@ impl ControlKind {
 
 const SEQUENCE: &str = "controls state idle_timeout max_sequences";
 const CONTROL: &str = "input kind false_true";
-const STATE: &str = "input output";
+const STATE: &str = "input output initial_file";
 const KINDS: &[(&str, ControlKind)] = &[
     ("start", ControlKind::Start),
     ("end", ControlKind::End),
@@ -153,10 +168,24 @@ impl Walker {
             let name = |w: &mut Walker, key: &str| {
                 get(st, key).and_then(|v| w.string(v, &format!("{path}.{key}"), "a tensor name"))
             };
+            let initial = get(st, "initial_file").and_then(|v| {
+                let expected =
+                    "a file of the model folder holding the initial state (raw little-endian values)";
+                let file = self.string(v, &format!("{path}.initial_file"), expected)?;
+                let p = std::path::Path::new(file);
+                let inside =
+                    !p.is_absolute() && !p.components().any(|c| c == std::path::Component::ParentDir);
+                match inside {
+                    true => Some(p.to_path_buf()),
+                    false => self.bad(&format!("{path}.initial_file"), expected, v),
+                }
+            });
             match (name(self, "input"), name(self, "output")) {
                 (Some(input), Some(output)) => out.states.push(State {
                     input: input.to_string(),
                     output: output.to_string(),
+                    initial,
+                    initial_bytes: None,
                 }),
                 _ => {
                     self.push::<()>(format!(

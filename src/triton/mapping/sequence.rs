@@ -22,9 +22,9 @@ pub fn batching(s: &ModelSequenceBatching, top: &mut Map<String, Value>, ignored
     };
     top.insert("max_batch_time".into(), json!(delay_us as f64 / 1e6));
     for (i, st) in s.state.iter().enumerate() {
-        if !st.initial_state.is_empty() {
+        if st.initial_state.len() > 1 {
             ignored.push(format!(
-                "`sequence_batching.state[{i}].initial_state`: a sequence's state starts as zeros"
+                "`sequence_batching.state[{i}].initial_state`: only the first initial state is used"
             ));
         }
     }
@@ -81,9 +81,19 @@ pub fn settings(s: &ModelSequenceBatching) -> Result<SequenceSettings, String> {
     let states = s
         .state
         .iter()
-        .map(|st| State {
-            input: st.input_name.clone(),
-            output: st.output_name.clone(),
+        .map(|st| {
+            use crate::protocol::grpc::inference::model_sequence_batching::initial_state::StateData;
+            // Triton reads a `data_file` from the model folder's `initial_state/`.
+            let initial = match st.initial_state.first().and_then(|i| i.state_data.as_ref()) {
+                Some(StateData::DataFile(f)) => Some(std::path::Path::new("initial_state").join(f)),
+                _ => None,
+            };
+            State {
+                input: st.input_name.clone(),
+                output: st.output_name.clone(),
+                initial,
+                initial_bytes: None,
+            }
         })
         .collect();
     Ok(SequenceSettings {
