@@ -80,9 +80,11 @@ async fn bad_schedule_parameters_are_refused_naming_them() {
             .contains(&json!("schedule_policy")),
         "{meta}"
     );
-    // Unknown parameters change nothing.
+    // Unknown parameters change nothing (sequence parameters are not
+    // unknown: a model that is not a sequence model refuses them, see
+    // tests/sequences.rs).
     let mut body = v2_body("x", &rows);
-    body["parameters"] = json!({"sequence_start": true, "timeout": 0});
+    body["parameters"] = json!({"my_own_parameter": true, "timeout": 0});
     let (status, _, answer) = post(&s.client, &url, &body).await;
     assert_eq!(
         (status, flat_f64(&answer["outputs"][0]["data"])),
