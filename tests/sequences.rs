@@ -593,3 +593,78 @@ async fn an_initial_state_file_starts_each_sequence() {
     .await;
     s.stop().await.unwrap();
 }
+
+/// A model with live sequences is not evicted to make room: their state is
+/// on that version only. Two copies of silero-vad under a host budget that
+/// holds one: while a sequence of `vad_a` is live, `vad_b` cannot load
+/// (503, retry later); once it ends, `vad_b` loads and `vad_a` goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_with_live_sequences_is_not_evicted() {
+    let repo = silero_repository();
+    for name in ["vad_a", "vad_b"] {
+        copy_dir(&repo.path().join("silero"), &repo.path().join(name));
+    }
+    std::fs::remove_dir_all(repo.path().join("silero")).unwrap();
+    let chunk = vec![0.1f32; 512];
+    let step = |model: &'static str, id: u64, start: bool, end: bool| {
+        let chunk = chunk.clone();
+        move |s: &TestServer| {
+            let body = json!({
+                "inputs": [
+                    v2_input("input", "FP32", &[1, 512], json!([chunk])),
+                    v2_input("sr", "INT64", &[], json!([16000])),
+                ],
+                "parameters": {"sequence_id": id, "sequence_start": start, "sequence_end": end},
+            });
+            let url = format!("/v2/models/{model}/infer");
+            let client = s.client.clone();
+            let full = s.url(&url);
+            async move {
+                let a = common::reload::infer(&client, &full, &body).await;
+                (a.status, a.body)
+            }
+        }
+    };
+    // What a loaded copy is charged varies from load to load (resident
+    // memory growth): servers are started until the budget, 1.5 times the
+    // last server's charge, holds this one's copy but not two.
+    let charged =
+        |text: &str| common::reload::metric_value(text, "sluice_residency_used_bytes", &[("device", "cpu")]);
+    let mut last: Option<f64> = None;
+    let mut fitting = None;
+    for _ in 0..8 {
+        let budget = last.map(|c| (c * 1.5) as u64);
+        let s = TestServer::start_with(repo.path(), |c| {
+            c.residency.mode = sluice::config::ResidencyMode::OnDemand;
+            c.residency.host_bytes = budget.or(Some(1 << 40));
+            c.residency.min_idle_seconds = 0.0;
+        })
+        .await;
+        let (status, body) = step("vad_a", 1, true, true)(&s).await;
+        let now = charged(&s.metrics().await);
+        match budget {
+            Some(b) if status == 200 && now <= b as f64 && 2.0 * now > b as f64 => {
+                fitting = Some(s);
+                break;
+            }
+            _ => {
+                eprintln!("budget {budget:?}: vad_a answered {status}, a copy is charged {now} bytes; a server with 1.5 times that next");
+                last = Some(now.max(1.0));
+                s.stop().await.unwrap();
+            }
+        }
+    }
+    let s = fitting.expect("no budget held one copy and not two in 8 servers");
+    assert_eq!(
+        step("vad_a", 7, true, false)(&s).await.0,
+        200,
+        "a sequence of vad_a starts"
+    );
+    let (status, body) = step("vad_b", 8, true, true)(&s).await;
+    assert_eq!(status, 503, "vad_a has a live sequence: {body}");
+    let (status, body) = step("vad_a", 7, false, true)(&s).await;
+    assert_eq!(status, 200, "the sequence of vad_a goes on where it was: {body}");
+    let (status, body) = step("vad_b", 8, true, true)(&s).await;
+    assert_eq!(status, 200, "no sequence is live: vad_a makes room: {body}");
+    s.stop().await.unwrap();
+}
