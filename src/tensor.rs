@@ -236,7 +236,7 @@ impl TensorData {
             DataType::Bf16 => TensorData::Bf16(vec![half::bf16::ZERO; n]),
             DataType::F32 => TensorData::F32(vec![0.0; n]),
             DataType::F64 => TensorData::F64(vec![0.0; n]),
-            DataType::Bytes => TensorData::Bytes(vec![Vec::new(); n].into()),
+            DataType::Bytes => TensorData::Bytes(Strings::empties(n)),
         }
     }
 

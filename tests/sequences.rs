@@ -640,7 +640,7 @@ async fn a_model_with_live_sequences_is_not_evicted() {
             c.residency.min_idle_seconds = 0.0;
         })
         .await;
-        let (status, body) = step("vad_a", 1, true, true)(&s).await;
+        let (status, _) = step("vad_a", 1, true, true)(&s).await;
         let now = charged(&s.metrics().await);
         match budget {
             Some(b) if status == 200 && now <= b as f64 && 2.0 * now > b as f64 => {
@@ -648,7 +648,7 @@ async fn a_model_with_live_sequences_is_not_evicted() {
                 break;
             }
             _ => {
-                eprintln!("budget {budget:?}: vad_a answered {status}, a copy is charged {now} bytes; a server with 1.5 times that next");
+                eprintln!("budget {budget:?}: vad_a answered {status}, a copy is charged {now} bytes; next, a budget of 1.5 times that");
                 last = Some(now.max(1.0));
                 s.stop().await.unwrap();
             }

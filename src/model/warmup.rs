@@ -29,7 +29,7 @@ use crate::batcher::{Layout, Padding};
 use crate::pool::Warmup;
 use crate::protocol;
 use crate::runtime::Session;
-use crate::tensor::{DataType, Signature, Tensor, TensorData};
+use crate::tensor::{Signature, Tensor, TensorData};
 
 /// The longest padded length warmed (BERT's limit): longer lengths are rare,
 /// slow to warm, and past many models' limit.
@@ -165,7 +165,7 @@ fn zeros_with(
             Tensor {
                 name: spec.name.clone(),
                 shape,
-                data: zeros(spec.dtype, n),
+                data: TensorData::zeros(spec.dtype, n),
             }
         })
         .collect()
@@ -249,25 +249,6 @@ pub fn probe(session: &mut dyn Session, shape: Shape<'_>, outputs: &[String]) ->
 /// Each tensor's shape, for messages.
 fn shapes(inputs: &[Tensor]) -> Vec<&[usize]> {
     inputs.iter().map(|t| &t.shape[..]).collect()
-}
-
-fn zeros(dtype: DataType, n: usize) -> TensorData {
-    match dtype {
-        DataType::Bool => TensorData::Bool(vec![false; n]),
-        DataType::U8 => TensorData::U8(vec![0; n]),
-        DataType::U16 => TensorData::U16(vec![0; n]),
-        DataType::U32 => TensorData::U32(vec![0; n]),
-        DataType::U64 => TensorData::U64(vec![0; n]),
-        DataType::I8 => TensorData::I8(vec![0; n]),
-        DataType::I16 => TensorData::I16(vec![0; n]),
-        DataType::I32 => TensorData::I32(vec![0; n]),
-        DataType::I64 => TensorData::I64(vec![0; n]),
-        DataType::F16 => TensorData::F16(vec![half::f16::ZERO; n]),
-        DataType::Bf16 => TensorData::Bf16(vec![half::bf16::ZERO; n]),
-        DataType::F32 => TensorData::F32(vec![0.0; n]),
-        DataType::F64 => TensorData::F64(vec![0.0; n]),
-        DataType::Bytes => TensorData::Bytes(crate::tensor::Strings::empties(n)),
-    }
 }
 
 #[cfg(test)]
