@@ -254,6 +254,7 @@ fn shapes(inputs: &[Tensor]) -> Vec<&[usize]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor::DataType;
     use crate::tensor::TensorSpec;
 
     #[test]
