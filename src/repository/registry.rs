@@ -206,8 +206,10 @@ impl Registry {
                 .cloned()
         };
         let Some(entry) = entry else { return Err(not_ready) };
+        // Read apart from the first look: the load may have finished in
+        // between (no longer cold), so the model is asked for again.
         let (Some(cold), Some(demand)) = (entry.cold, self.demands.get()) else {
-            return Err(not_ready);
+            return self.ready(name, version);
         };
         let before = cold.waiting.fetch_add(1, Ordering::AcqRel);
         let _waiting = Waiting(&cold.waiting);
