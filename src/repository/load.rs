@@ -209,6 +209,45 @@ fn read_initial_states(
     Ok(())
 }
 
+/// A sequence model's control and state inputs, and its state outputs,
+/// must be the ONNX file's: a name it lacks fails the load, not every request.
+fn check_sequence(settings: &ModelSettings, sig: &Signature) -> Result<(), String> {
+    let Some(seq) = &settings.sequence else {
+        return Ok(());
+    };
+    let inputs = seq
+        .controls
+        .iter()
+        .map(|c| ("control input", &c.input))
+        .chain(seq.states.iter().map(|s| ("state input", &s.input)));
+    let mut missing: Vec<String> = inputs
+        .filter(|(_, name)| sig.input(name).is_none())
+        .map(|(what, name)| format!("{what} `{name}`"))
+        .collect();
+    missing.extend(
+        seq.states
+            .iter()
+            .filter(|s| sig.output(&s.output).is_none())
+            .map(|s| format!("state output `{}`", s.output)),
+    );
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let names = |specs: &[crate::tensor::TensorSpec]| {
+        specs
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect::<Vec<_>>()
+            .join("`, `")
+    };
+    Err(format!(
+        "the sequence settings name {} that the ONNX file does not have (its inputs: `{}`; its outputs: `{}`)",
+        missing.join(", "),
+        names(&sig.inputs),
+        names(&sig.outputs)
+    ))
+}
+
 /// What [`check_loaded`] found in a loaded file.
 pub struct Checked {
     /// How requests of different lengths share batches (`padding`).
@@ -229,6 +268,7 @@ pub fn check_loaded(
     signature: &Signature,
 ) -> Result<Checked, LoadError> {
     settings.check_declared(signature).map_err(LoadError::Files)?;
+    check_sequence(settings, signature).map_err(LoadError::Files)?;
     let padding = Padding::new(signature, &settings.padding).map_err(LoadError::Files)?;
     layout::check_declared(signature, &settings.batch_axes).map_err(LoadError::Files)?;
     if !settings.unused.is_empty() {
@@ -286,4 +326,55 @@ pub fn describe(specs: &[crate::tensor::TensorSpec]) -> String {
         .map(|t| format!("{}: {}{:?}", t.name, t.dtype, t.shape))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::sequence::{Control, ControlKind, ControlValues, SequenceSettings, State};
+    use crate::tensor::{DataType, TensorSpec};
+
+    #[test]
+    fn sequence_names_the_file_lacks_fail_the_load() {
+        let spec = |name: &str| TensorSpec {
+            name: name.into(),
+            dtype: DataType::F32,
+            shape: vec![-1, 1],
+            dim_names: vec![],
+        };
+        let sig = Signature {
+            inputs: vec![spec("x"), spec("START"), spec("state")],
+            outputs: vec![spec("y"), spec("stateN")],
+        };
+        let mut settings = ModelSettings::parse("{}", "m", &Default::default()).unwrap();
+        let state = |input: &str, output: &str| State {
+            input: input.into(),
+            output: output.into(),
+            ..Default::default()
+        };
+        let control = |input: &str| Control {
+            input: input.into(),
+            kind: ControlKind::Start,
+            values: ControlValues::Int32([0, 1]),
+        };
+        settings.sequence = Some(SequenceSettings {
+            controls: vec![control("START")],
+            states: vec![state("state", "stateN")],
+            idle: std::time::Duration::from_secs(1),
+            max_sequences: 4,
+        });
+        assert_eq!(check_sequence(&settings, &sig), Ok(()));
+        let seq = settings.sequence.as_mut().unwrap();
+        seq.controls.push(control("READY"));
+        seq.states.push(state("h", "hN"));
+        let e = check_sequence(&settings, &sig).unwrap_err();
+        for says in [
+            "control input `READY`",
+            "state input `h`",
+            "state output `hN`",
+            "its inputs: `x`, `START`, `state`",
+        ] {
+            assert!(e.contains(says), "{says:?} not in {e}");
+        }
+    }
 }
