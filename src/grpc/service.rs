@@ -263,10 +263,12 @@ impl GrpcInferenceService for InferenceService {
                             None,
                         ),
                     };
+                    let _ = tx.send((Ok(answer), held)).await;
+                    // After the answer is queued: the sequence's next answer
+                    // must not overtake it on the stream.
                     if let Some(done) = done {
                         let _ = done.send(());
                     }
-                    let _ = tx.send((Ok(answer), held)).await;
                     drop(permit);
                 });
             }
