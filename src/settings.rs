@@ -273,6 +273,11 @@ pub struct ModelSettings {
     /// requests then belong to sequences, and the server fills their control inputs.
     #[serde(skip)]
     pub sequence: Option<sequence::SequenceSettings>,
+    /// A pipeline's steps (`pipeline`, a `config.pbtxt`'s `ensemble_scheduling`,
+    /// or a sentence-transformers folder): requests run through them instead of
+    /// (or around) the folder's ONNX file.
+    #[serde(skip)]
+    pub pipeline: Option<pipeline::PipelineSettings>,
 }
 
 /// MLServer's declared `inputs` and `outputs` (ModelMesh's MLServer adapter writes them).
@@ -325,7 +330,7 @@ pub fn validate_model_name(name: &str) -> Result<(), String> {
 const TOP: &str = "name parameters max_batch_size max_batch_time batch_policy max_queue_size timeout \
                    instances execution_provider device_ids intra_op_threads warmup pinned cuda batcher priority_levels default_priority refuse_predicted_late \
                    padding max_batch_tokens max_padding_ratio batch_axes inputs outputs implementation parallel_workers warm_workers platform versions cache_enabled \
-                   sequence";
+                   sequence pipeline";
 const PARAMETERS: &str = "uri version content_type format extra";
 /// What `intra_op_threads` takes.
 const THREADS: &str = "an integer between 1 and 1024 or null";
@@ -436,6 +441,7 @@ impl ModelSettings {
             .unwrap_or_default();
         let cuda = get(top, "cuda").map_or_else(CudaOptions::default, |v| w.cuda_options(v));
         let sequence = get(top, "sequence").and_then(|v| w.sequence(v));
+        let pipeline = get(top, "pipeline").and_then(|v| w.pipeline(v));
         if !batch_axes.is_empty() && !padding.is_empty() {
             w.problems.push(
                 "`batch_axes` and `padding` are both set: a padded model batches on dim 0; remove one of them".into(),
@@ -477,6 +483,7 @@ impl ModelSettings {
             labels: Default::default(),
             reshape: Default::default(),
             sequence,
+            pipeline,
         })
     }
 
@@ -560,6 +567,7 @@ fn secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 
 mod cuda;
 mod fields;
+pub mod pipeline;
 pub mod sequence;
 mod walk;
 

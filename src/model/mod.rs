@@ -1,6 +1,7 @@
 //! A loaded model: its settings, its ONNX signature, and the path a request
 //! takes through it (validate → batcher → pool → split outputs).
 
+pub mod pipeline;
 pub mod report;
 pub mod sequence;
 pub mod state;
@@ -38,6 +39,9 @@ pub struct ModelHandle {
     /// finish there (their state is that version's); new ones start here.
     /// Let go once none is left.
     previous: std::sync::Mutex<Option<Arc<ModelHandle>>>,
+    /// A pipeline's steps: requests run through them (the folder's own
+    /// ONNX file, if any, is one of them).
+    pipeline: Option<Arc<pipeline::Pipeline>>,
 }
 
 /// When a version loaded, when a request last used it, and how many
@@ -143,7 +147,19 @@ impl ModelHandle {
             activity: Arc::new(Activity::new()),
             sequences,
             previous: std::sync::Mutex::new(None),
+            pipeline: None,
         }
+    }
+
+    /// Requests run through `pipeline`'s steps.
+    pub fn with_pipeline(mut self, pipeline: pipeline::Pipeline) -> ModelHandle {
+        self.pipeline = Some(Arc::new(pipeline));
+        self
+    }
+
+    /// The pipeline requests run through, if the model is one.
+    pub fn pipeline(&self) -> Option<&pipeline::Pipeline> {
+        self.pipeline.as_deref()
     }
 
     /// The same version (same sessions and batcher) with new settings, for a
@@ -160,6 +176,7 @@ impl ModelHandle {
             activity: self.activity.clone(),
             sequences: self.sequences.clone(),
             previous: std::sync::Mutex::new(self.previous.lock().expect("previous lock poisoned").clone()),
+            pipeline: self.pipeline.clone(),
         }
     }
 
@@ -282,6 +299,9 @@ impl ModelHandle {
     /// The signature as clients see it (model metadata): a reshaped
     /// tensor has its `dims` (`config.pbtxt`'s `reshape`).
     pub fn client_signature(&self) -> std::borrow::Cow<'_, Signature> {
+        if let Some(p) = &self.pipeline {
+            return std::borrow::Cow::Borrowed(&p.signature);
+        }
         if self.settings.reshape.is_empty() {
             return std::borrow::Cow::Borrowed(&self.signature);
         }
@@ -307,11 +327,46 @@ impl ModelHandle {
             return Box::pin(prev.infer(req, arrival)).await;
         }
         let _inside = Inside::enter(&self.activity);
-        let result = self.run(req, arrival).await;
+        let result = match &self.pipeline {
+            Some(p) => self.run_pipeline(p, req, arrival).await,
+            None => self.run(req, arrival).await,
+        };
         self.batcher
             .stats()
             .request_done(result.is_ok(), arrival.elapsed());
         result
+    }
+
+    /// A pipeline's request: checked against the pipeline's signature, then
+    /// run through its steps within the pipeline's deadline.
+    async fn run_pipeline(
+        &self,
+        p: &pipeline::Pipeline,
+        mut req: InferRequest,
+        arrival: Instant,
+    ) -> Result<InferResponse> {
+        crate::telemetry::record_version(self.version());
+        self.no_sequence(&req)?;
+        if let Some((name, _)) = req.classify.first() {
+            return Err(Error::invalid(format!(
+                "model `{}` is a pipeline: output `{name}` cannot be asked for as classes",
+                self.name
+            )));
+        }
+        // Any tensor of the pipeline may be asked for: checked by the pipeline.
+        let outputs = req.outputs.take();
+        protocol::validate(&mut req, &self.name, &p.signature)?;
+        req.outputs = outputs;
+        let timeout = self.batcher.settings().timeout;
+        let timeout = req.schedule.timeout.map_or(timeout, |t| t.min(timeout));
+        let deadline = tokio::time::Instant::from_std(arrival + timeout);
+        match tokio::time::timeout_at(deadline, p.run(self, req, arrival)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(Error::DeadlineExceeded {
+                model: self.name.clone(),
+                timeout,
+            }),
+        }
     }
 
     async fn run(&self, mut req: InferRequest, arrival: Instant) -> Result<InferResponse> {

@@ -102,7 +102,7 @@ impl Repository {
                 return (Event::NoRoom { pinned, error, at }, Err(refusal));
             }
         }
-        match load::build(&self.runtime, &self.pool, &name, &dir, settings).await {
+        match load::build(&self.runtime, &self.pool, &name, &dir, settings, self.steps()).await {
             Ok(handle) => {
                 let handle = Arc::new(handle);
                 self.remember(folder, &handle);

@@ -83,7 +83,11 @@ pub async fn build(
     name: &str,
     dir: &std::path::Path,
     mut settings: ModelSettings,
+    steps: crate::model::pipeline::Steps,
 ) -> Result<ModelHandle, LoadError> {
+    if super::pipeline::without_file(&settings) {
+        return super::pipeline::build(pool, name, dir, settings, steps);
+    }
     let path = dir.join(&settings.uri);
     let rt = runtime.clone();
     let (n, p, s) = (name.to_string(), path.clone(), settings.clone());
@@ -152,6 +156,15 @@ pub async fn build(
         weights_bytes = memory.weights_bytes,
         "model ready"
     );
+    let pipeline = match settings.pipeline.is_some() {
+        true => Some(super::pipeline::pipeline(
+            dir,
+            &settings,
+            Some(&loaded.signature),
+            steps,
+        )?),
+        false => None,
+    };
     let mut handle = ModelHandle::new(
         name.to_string(),
         settings,
@@ -161,7 +174,10 @@ pub async fn build(
         batcher,
     );
     handle.warmup_rejected = warmed.rejected;
-    Ok(handle)
+    Ok(match pipeline {
+        Some(p) => handle.with_pipeline(p),
+        None => handle,
+    })
 }
 
 /// Reads each sequence state's initial value file, and checks that it holds
@@ -267,6 +283,7 @@ pub fn check_loaded(
     settings: &mut ModelSettings,
     signature: &Signature,
 ) -> Result<Checked, LoadError> {
+    super::sentence::fit(settings, signature).map_err(LoadError::Files)?;
     settings.check_declared(signature).map_err(LoadError::Files)?;
     check_sequence(settings, signature).map_err(LoadError::Files)?;
     let padding = Padding::new(signature, &settings.padding).map_err(LoadError::Files)?;

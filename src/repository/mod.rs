@@ -20,10 +20,12 @@ mod effects;
 pub mod files;
 pub mod lifecycle;
 mod load;
+mod pipeline;
 pub mod registry;
 pub mod residency;
 mod resident;
 pub mod scan;
+pub mod sentence;
 pub mod warm;
 pub mod watcher;
 
@@ -216,6 +218,22 @@ impl Repository {
         }
     }
 
+    /// How a pipeline of this repository reaches its steps' models: through
+    /// the registry (weakly: a pipeline does not keep the registry alive).
+    fn steps(&self) -> crate::model::pipeline::Steps {
+        let (a, b) = (Arc::downgrade(&self.registry), Arc::downgrade(&self.registry));
+        crate::model::pipeline::Steps {
+            serve: Arc::new(move |name, version, arrival| {
+                let (registry, name, version) = (a.upgrade(), name.to_string(), version.map(str::to_string));
+                Box::pin(async move {
+                    let registry = registry.ok_or(Error::ShuttingDown)?;
+                    registry.serve(&name, version.as_deref(), arrival).await
+                })
+            }),
+            ready: Arc::new(move |name, version| b.upgrade()?.ready(name, version).ok()),
+        }
+    }
+
     /// Which models stay loaded when they do not all fit (`[residency]`).
     pub fn with_residency(mut self, residency: crate::config::Residency) -> Repository {
         self.residency = residency;
@@ -327,7 +345,15 @@ impl Repository {
             self.remove(&folder);
         }
         // Pinned models first: they are counted against the budgets first.
-        dirs.sort_by_key(|(md, _)| !md.settings.as_ref().is_ok_and(|s| s.pinned));
+        // Pipelines last: their steps' models serve by then, so their
+        // signatures are known.
+        dirs.sort_by_key(|(md, _)| {
+            let s = md.settings.as_ref().ok();
+            (
+                !s.is_some_and(|s| s.pinned),
+                s.is_some_and(|s| s.pipeline.is_some()),
+            )
+        });
         for (md, now) in dirs {
             self.apply(md, now, false).await;
         }
@@ -560,6 +586,16 @@ async fn blocking<T: Send + 'static>(
 /// Blocking (reads the file when its metadata changed).
 fn stamp_of(md: &ModelDir, previous: Option<&FileStamp>) -> Stamp {
     let file = match &md.settings {
+        // A pipeline without an ONNX file of its own stamps its settings
+        // file first (its other files, a tokenizer.json, follow).
+        Ok(s) if pipeline::without_file(s) => {
+            let settings_file = [scan::SETTINGS_FILE, crate::triton::CONFIG_FILE]
+                .map(|f| md.dir.join(f))
+                .into_iter()
+                .find(|p| p.exists())
+                .unwrap_or_else(|| md.dir.join(scan::SETTINGS_FILE));
+            FileStamp::of(&settings_file, &md.dir, previous)
+        }
         Ok(s) => FileStamp::of(&md.dir.join(&s.uri), &md.dir, previous),
         Err(_) => Err(String::new()),
     };

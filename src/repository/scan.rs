@@ -66,7 +66,13 @@ pub fn read_folder(
         return crate::triton::read_folder(dir, folder, defaults).map(Some);
     }
     let onnx = onnx_files(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let sentence = super::sentence::is_folder(dir);
+    let nested = match sentence && onnx.is_empty() {
+        true => super::sentence::default_uri(dir),
+        false => None,
+    };
     let default_uri = match onnx.as_slice() {
+        [] if nested.is_some() => nested.clone().unwrap_or_default(),
         [only] if !onnx.iter().any(|f| f == DEFAULT_URI) => PathBuf::from(only),
         _ => PathBuf::from(DEFAULT_URI),
     };
@@ -76,6 +82,7 @@ pub fn read_folder(
     let text = match super::files::read_settings(&file) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => match onnx.as_slice() {
+            [] if nested.is_some() => "{}".to_string(),
             [] => return Ok(None),
             [_] => "{}".to_string(),
             many => {
@@ -89,8 +96,11 @@ pub fn read_folder(
         },
         Err(e) => return Err(format!("{}: {e}", file.display())),
     };
-    let settings = ModelSettings::parse_with_uri(&text, folder, defaults, &default_uri)
+    let mut settings = ModelSettings::parse_with_uri(&text, folder, defaults, &default_uri)
         .map_err(|e| format!("{}: {e}", file.display()))?;
+    if sentence {
+        super::sentence::apply(dir, &mut settings)?;
+    }
     if settings.uri.is_absolute() {
         check_inside(root, &settings.uri).map_err(|e| format!("{}: {e}", file.display()))?;
     }

@@ -87,6 +87,7 @@ fn full_file_with_every_field() {
         labels: Default::default(),
         reshape: Default::default(),
         sequence: None,
+        pipeline: None,
     };
     assert_eq!(s, expected);
 }

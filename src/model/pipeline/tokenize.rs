@@ -1,0 +1,124 @@
+//! The built-in tokenizer step: a Hugging Face `tokenizer.json` (the
+//! `tokenizers` crate, as TEI uses it) turns a request's texts into token
+//! ids. The request's texts are padded to its longest; padding across
+//! requests is the encoder's batcher's job (its `padding` settings).
+
+use std::path::Path;
+
+use tokenizers::{Tokenizer, TruncationParams};
+
+use crate::error::{Error, Result};
+use crate::tensor::{DataType, Tensor, TensorData, TensorSpec};
+
+/// A loaded tokenizer, shared by every request of the pipeline.
+pub struct Tokenize {
+    tokenizer: Tokenizer,
+    /// Tokens kept per text, special tokens included (`None`: no truncation).
+    pub max_length: Option<usize>,
+    pad_id: i64,
+}
+
+/// A request's texts as token ids: `[texts, longest]` each.
+pub struct Tokens {
+    pub input_ids: Tensor,
+    pub attention_mask: Tensor,
+    pub token_type_ids: Tensor,
+    /// Tokens of every text, special tokens included, padding not (OpenAI's `usage`).
+    pub count: usize,
+}
+
+impl Tokenize {
+    /// Reads `file`; `max_length` replaces the file's own truncation. The
+    /// file's padding is turned off (a request is padded to its longest text).
+    pub fn load(file: &Path, max_length: Option<usize>) -> std::result::Result<Tokenize, String> {
+        let mut tokenizer = Tokenizer::from_file(file)
+            .map_err(|e| format!("{}: not a tokenizer.json: {e}", file.display()))?;
+        let pad_id = tokenizer.get_padding().map_or(0, |p| i64::from(p.pad_id));
+        tokenizer.with_padding(None);
+        let truncation = match max_length {
+            Some(n) => Some(TruncationParams {
+                max_length: n,
+                ..Default::default()
+            }),
+            None => tokenizer.get_truncation().cloned(),
+        };
+        let max_length = truncation.as_ref().map(|t| t.max_length);
+        tokenizer
+            .with_truncation(truncation)
+            .map_err(|e| format!("{}: truncation: {e}", file.display()))?;
+        Ok(Tokenize {
+            tokenizer,
+            max_length,
+            pad_id,
+        })
+    }
+
+    /// The step's tensors: `text` in, token ids out.
+    pub fn specs() -> (Vec<TensorSpec>, Vec<TensorSpec>) {
+        let spec = |name: &str, dtype, rank| TensorSpec {
+            name: name.into(),
+            dtype,
+            shape: vec![-1; rank],
+            dim_names: Vec::new(),
+        };
+        (
+            vec![spec("text", DataType::Bytes, 1)],
+            ["input_ids", "attention_mask", "token_type_ids"]
+                .iter()
+                .map(|n| spec(n, DataType::I64, 2))
+                .collect(),
+        )
+    }
+
+    /// Tokenizes every element of `text` (BYTES, any shape: one text each).
+    pub fn run(&self, text: &Tensor) -> Result<Tokens> {
+        let TensorData::Bytes(strings) = &text.data else {
+            return Err(Error::invalid(format!(
+                "`{}` must be BYTES (texts), got {}",
+                text.name,
+                text.dtype().as_str()
+            )));
+        };
+        let mut encodings = Vec::with_capacity(strings.len());
+        for (i, s) in strings.iter().enumerate() {
+            let s = std::str::from_utf8(s)
+                .map_err(|e| Error::invalid(format!("text {i} of `{}` is not UTF-8: {e}", text.name)))?;
+            let enc = self.tokenizer.encode_fast(s, true).map_err(|e| {
+                Error::invalid(format!("text {i} of `{}` cannot be tokenized: {e}", text.name))
+            })?;
+            encodings.push(enc);
+        }
+        let n = encodings.len();
+        let longest = encodings.iter().map(|e| e.len()).max().unwrap_or(0);
+        let mut ids = vec![self.pad_id; n * longest];
+        let mut mask = vec![0i64; n * longest];
+        let mut types = vec![0i64; n * longest];
+        let mut count = 0;
+        for (row, e) in encodings.iter().enumerate() {
+            let at = row * longest;
+            count += e.len();
+            for (j, ((id, m), t)) in e
+                .get_ids()
+                .iter()
+                .zip(e.get_attention_mask())
+                .zip(e.get_type_ids())
+                .enumerate()
+            {
+                ids[at + j] = i64::from(*id);
+                mask[at + j] = i64::from(*m);
+                types[at + j] = i64::from(*t);
+            }
+        }
+        let make = |name: &str, v: Vec<i64>| Tensor {
+            name: name.into(),
+            shape: vec![n, longest],
+            data: TensorData::I64(v),
+        };
+        Ok(Tokens {
+            input_ids: make("input_ids", ids),
+            attention_mask: make("attention_mask", mask),
+            token_type_ids: make("token_type_ids", types),
+            count,
+        })
+    }
+}

@@ -1,0 +1,114 @@
+//! Building a pipeline's version: its tokenizer files read, its steps'
+//! signatures joined into its own, and (without an ONNX file of its own) a
+//! batcher with no sessions that holds its statistics, metrics and settings.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::load::LoadError;
+use crate::batcher::{Batcher, Batching};
+use crate::model::pipeline::{tokenize::Tokenize, Pipeline, Steps};
+use crate::model::{Memory, ModelHandle};
+use crate::pool::{ModelWorkers, Pool};
+use crate::settings::pipeline::StepKind;
+use crate::settings::ModelSettings;
+use crate::tensor::{Signature, TensorSpec};
+
+/// Whether the settings describe a pipeline with no ONNX file of its own.
+pub fn without_file(settings: &ModelSettings) -> bool {
+    settings
+        .pipeline
+        .as_ref()
+        .is_some_and(|p| !p.steps.iter().any(|s| s.kind == StepKind::Own))
+}
+
+/// The pipeline of `settings` (which has one) in the folder `dir`; `own`
+/// is the folder's ONNX signature when a step runs it.
+pub fn pipeline(
+    dir: &Path,
+    settings: &ModelSettings,
+    own: Option<&Signature>,
+    steps: Steps,
+) -> Result<Pipeline, LoadError> {
+    let p = settings.pipeline.as_ref().expect("a pipeline's settings");
+    let declared = declared(settings);
+    let tokenizer =
+        |t: &crate::settings::pipeline::TokenizerStep| Tokenize::load(&dir.join(&t.file), t.max_length);
+    Pipeline::build(p, own, &declared, Some(steps), tokenizer).map_err(LoadError::Files)
+}
+
+/// A pipeline with no ONNX file of its own, ready to serve.
+pub fn build(
+    pool: &Pool,
+    name: &str,
+    dir: &Path,
+    settings: ModelSettings,
+    steps: Steps,
+) -> Result<ModelHandle, LoadError> {
+    let pipeline = pipeline(dir, &settings, None, steps)?;
+    let (workers, _) = ModelWorkers::spawn(name, Vec::new(), pool, Vec::new(), Vec::new());
+    let why = "a pipeline: each step batches in its own model".to_string();
+    let batching = Batching::new(name, &pipeline.signature, Err(why));
+    let batcher = Batcher::spawn(
+        name,
+        settings.version.as_deref(),
+        settings.batching,
+        Arc::new(workers),
+        Vec::new(),
+        None,
+        batching,
+    );
+    let names = |specs: &[TensorSpec]| {
+        specs
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let steps_text: Vec<String> = settings
+        .pipeline
+        .iter()
+        .flat_map(|p| &p.steps)
+        .map(|s| s.kind.describe())
+        .collect();
+    tracing::info!(
+        model = %name,
+        version = settings.version.as_deref().unwrap_or("-"),
+        inputs = %names(&pipeline.signature.inputs),
+        outputs = %names(&pipeline.signature.outputs),
+        steps = %steps_text.join(" → "),
+        "pipeline ready"
+    );
+    let signature = pipeline.signature.clone();
+    let handle = ModelHandle::new(
+        name.to_string(),
+        settings,
+        signature,
+        "pipeline (its steps run on their own models' sessions)".into(),
+        Memory::default(),
+        batcher,
+    );
+    Ok(handle.with_pipeline(pipeline))
+}
+
+/// The tensors `settings` declares with a datatype and shape (`inputs`,
+/// `outputs`; a `config.pbtxt`'s `input` and `output`).
+fn declared(settings: &ModelSettings) -> Signature {
+    let specs = |list: &Option<Vec<crate::settings::DeclaredTensor>>| {
+        list.iter()
+            .flatten()
+            .filter_map(|d| {
+                Some(TensorSpec {
+                    name: d.name.clone(),
+                    dtype: d.datatype?,
+                    shape: d.shape.clone()?,
+                    dim_names: Vec::new(),
+                })
+            })
+            .collect()
+    };
+    Signature {
+        inputs: specs(&settings.declared.inputs),
+        outputs: specs(&settings.declared.outputs),
+    }
+}
