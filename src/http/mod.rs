@@ -8,6 +8,7 @@
 
 mod error;
 mod health;
+mod openai;
 mod request;
 mod shm;
 mod v1;
@@ -90,6 +91,7 @@ fn router(state: AppState) -> Router {
         .route("/v1/models", get(v1::list))
         // `{spec}` is `name` (GET: status) or `name:predict` (POST).
         .route("/v1/models/{spec}", get(v1::status).post(v1::predict))
+        .route("/v1/embeddings", post(openai::embeddings))
         .route("/v2", get(v2::server_metadata))
         .route("/v2/health/live", get(health::live))
         .route("/v2/health/ready", get(health::ready))
@@ -152,6 +154,9 @@ async fn guard(
 ) -> axum::response::Response {
     let held = match admit(&state, req.uri().path(), req.headers()) {
         Ok(held) => held,
+        Err(e) if req.uri().path() == "/v1/embeddings" => {
+            return axum::response::IntoResponse::into_response(openai::OpenAiError(e.0))
+        }
         Err(e) => return axum::response::IntoResponse::into_response(e),
     };
     hold_until_sent(&state, held, next.run(req).await)

@@ -1,6 +1,7 @@
 //! A loaded model: its settings, its ONNX signature, and the path a request
 //! takes through it (validate → batcher → pool → split outputs).
 
+pub mod embed;
 pub mod pipeline;
 pub mod report;
 pub mod sequence;
@@ -326,11 +327,20 @@ impl ModelHandle {
         if let Some(prev) = req.sequence.as_ref().and_then(|s| self.previous_for(s)) {
             return Box::pin(prev.infer(req, arrival)).await;
         }
+        match &self.pipeline {
+            Some(p) => self.counted(arrival, self.run_pipeline(p, req, arrival, false)).await,
+            None => self.counted(arrival, self.run(req, arrival)).await,
+        }
+    }
+
+    /// Runs `work`, a request inside the model, counted in its statistics.
+    async fn counted(
+        &self,
+        arrival: Instant,
+        work: impl std::future::Future<Output = Result<InferResponse>>,
+    ) -> Result<InferResponse> {
         let _inside = Inside::enter(&self.activity);
-        let result = match &self.pipeline {
-            Some(p) => self.run_pipeline(p, req, arrival).await,
-            None => self.run(req, arrival).await,
-        };
+        let result = work.await;
         self.batcher
             .stats()
             .request_done(result.is_ok(), arrival.elapsed());
@@ -344,6 +354,7 @@ impl ModelHandle {
         p: &pipeline::Pipeline,
         mut req: InferRequest,
         arrival: Instant,
+        tokenized: bool,
     ) -> Result<InferResponse> {
         crate::telemetry::record_version(self.version());
         self.no_sequence(&req)?;
@@ -354,13 +365,17 @@ impl ModelHandle {
             )));
         }
         // Any tensor of the pipeline may be asked for: checked by the pipeline.
-        let outputs = req.outputs.take();
-        protocol::validate(&mut req, &self.name, &p.signature)?;
-        req.outputs = outputs;
+        // Already tokenized (`tokenized`): the inputs are the tokenizer's
+        // outputs, made by the server; otherwise the pipeline's.
+        if !tokenized {
+            let outputs = req.outputs.take();
+            protocol::validate(&mut req, &self.name, &p.signature)?;
+            req.outputs = outputs;
+        }
         let timeout = self.batcher.settings().timeout;
         let timeout = req.schedule.timeout.map_or(timeout, |t| t.min(timeout));
         let deadline = tokio::time::Instant::from_std(arrival + timeout);
-        match tokio::time::timeout_at(deadline, p.run(self, req, arrival)).await {
+        match tokio::time::timeout_at(deadline, p.run(self, req, arrival, tokenized)).await {
             Ok(answer) => answer,
             Err(_) => Err(Error::DeadlineExceeded {
                 model: self.name.clone(),

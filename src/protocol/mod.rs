@@ -12,6 +12,7 @@ pub mod classification;
 pub mod grpc;
 mod json;
 pub mod model_config;
+pub mod openai;
 pub mod sequence;
 pub mod shm;
 pub mod statistics;

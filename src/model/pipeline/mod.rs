@@ -239,18 +239,38 @@ impl Pipeline {
         out
     }
 
-    /// The tokenizer step, if the pipeline has one (`/v1/embeddings` counts tokens with it).
-    pub fn tokenizer(&self) -> Option<&tokenize::Tokenize> {
+    /// The tokenizer step, if the pipeline has one, and the pipeline
+    /// tensor each of its outputs is, by the step's output name.
+    pub fn tokenizer(&self) -> Option<(&tokenize::Tokenize, HashMap<&str, &str>)> {
         self.steps.iter().find_map(|s| match &s.run {
-            Runner::Tokenizer(t) => Some(t.as_ref()),
+            Runner::Tokenizer(t) => {
+                let names = s.outputs.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+                Some((t.as_ref(), names))
+            }
             _ => None,
         })
+    }
+
+    /// Whether its last pooling step scales vectors to length 1.
+    pub fn normalizes(&self) -> bool {
+        self.steps.iter().rev().find_map(|s| match &s.run {
+            Runner::Pooling(p) => Some(p.normalize),
+            _ => None,
+        }) == Some(true)
     }
 
     /// Runs a validated request through the steps; `own` is the pipeline's
     /// handle (for an `Own` step). Answers the requested outputs, which may
     /// name any tensor of the pipeline.
-    pub async fn run(&self, own: &ModelHandle, req: InferRequest, arrival: Instant) -> Result<InferResponse> {
+    /// With `tokenized`, the request holds its tokenizer step's outputs, and
+    /// that step is skipped.
+    pub async fn run(
+        &self,
+        own: &ModelHandle,
+        req: InferRequest,
+        arrival: Instant,
+        tokenized: bool,
+    ) -> Result<InferResponse> {
         let wanted = req.outputs.clone().unwrap_or_else(|| self.outputs.clone());
         if let Some(w) = wanted.iter().find(|w| !self.tensors.contains(w)) {
             return Err(Error::invalid(format!(
@@ -268,7 +288,9 @@ impl Pipeline {
             *readers.entry(w).or_default() += 1;
         }
         let mut have: HashMap<String, Tensor> = req.inputs.into_iter().map(|t| (t.name.clone(), t)).collect();
-        let mut pending: Vec<usize> = (0..self.steps.len()).collect();
+        let mut pending: Vec<usize> = (0..self.steps.len())
+            .filter(|i| !(tokenized && matches!(self.steps[*i].run, Runner::Tokenizer(_))))
+            .collect();
         let mut running: FuturesUnordered<Pin<Box<dyn Future<Output = StepResult> + Send + '_>>> =
             FuturesUnordered::new();
         let mut batch_id: Arc<str> = Arc::from("");
