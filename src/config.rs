@@ -111,6 +111,10 @@ pub struct RuntimeConfig {
     pub intra_op_spinning: bool,
     /// CPU instances of one model share one copy of their weights and prepacked weights (CUDA sessions never do).
     pub share_weights: bool,
+    /// ONNX Runtime custom-op libraries models may refer to, by name (`name = "/path/lib.so"`).
+    pub op_libraries: std::collections::BTreeMap<String, PathBuf>,
+    /// Shared libraries loaded (symbols global) before any op library, for those that need them.
+    pub preload: Vec<PathBuf>,
 }
 
 impl Default for RuntimeConfig {
@@ -119,6 +123,8 @@ impl Default for RuntimeConfig {
             onnxruntime_library: None,
             intra_op_spinning: false,
             share_weights: true,
+            op_libraries: Default::default(),
+            preload: Vec::new(),
         }
     }
 }

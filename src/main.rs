@@ -222,6 +222,8 @@ fn runtime(cfg: &Config) -> Result<OnnxRuntime, String> {
     let lib = find_library(cfg.runtime.onnxruntime_library.as_deref()).map_err(|e| e.to_string())?;
     let rt = OnnxRuntime::init(&lib, SessionDefaults::from_config(cfg)).map_err(|e| e.to_string())?;
     tracing::info!(library = %lib.display(), "ONNX Runtime loaded");
+    sluice::runtime::op_library::preload(&cfg.runtime.preload)?;
+    sluice::runtime::op_library::check_configured(&cfg.runtime.op_libraries)?;
     Ok(rt)
 }
 

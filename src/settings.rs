@@ -278,6 +278,11 @@ pub struct ModelSettings {
     /// (or around) the folder's ONNX file.
     #[serde(skip)]
     pub pipeline: Option<pipeline::PipelineSettings>,
+    /// Custom-op libraries the model's graph needs, by the name the server
+    /// configuration gives them (`[runtime] op_libraries`); a `config.pbtxt`'s
+    /// `model_operations.op_library_filename` may give their file names.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub op_libraries: Vec<String>,
 }
 
 /// MLServer's declared `inputs` and `outputs` (ModelMesh's MLServer adapter writes them).
@@ -330,7 +335,7 @@ pub fn validate_model_name(name: &str) -> Result<(), String> {
 const TOP: &str = "name parameters max_batch_size max_batch_time batch_policy max_queue_size timeout \
                    instances execution_provider device_ids intra_op_threads warmup pinned cuda batcher priority_levels default_priority refuse_predicted_late \
                    padding max_batch_tokens max_padding_ratio batch_axes inputs outputs implementation parallel_workers warm_workers platform versions cache_enabled \
-                   sequence pipeline";
+                   sequence pipeline op_libraries";
 const PARAMETERS: &str = "uri version content_type format extra";
 /// What `intra_op_threads` takes.
 const THREADS: &str = "an integer between 1 and 1024 or null";
@@ -442,6 +447,19 @@ impl ModelSettings {
         let cuda = get(top, "cuda").map_or_else(CudaOptions::default, |v| w.cuda_options(v));
         let sequence = get(top, "sequence").and_then(|v| w.sequence(v));
         let pipeline = get(top, "pipeline").and_then(|v| w.pipeline(v));
+        let op_libraries = match get(top, "op_libraries") {
+            None => Vec::new(),
+            Some(Value::Array(a)) if a.iter().all(|x| x.as_str().is_some_and(|s| !s.is_empty())) => {
+                a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect()
+            }
+            Some(v) => w
+                .bad(
+                    "op_libraries",
+                    "an array of op library names ([runtime] op_libraries)",
+                    v,
+                )
+                .unwrap_or_default(),
+        };
         if !batch_axes.is_empty() && !padding.is_empty() {
             w.problems.push(
                 "`batch_axes` and `padding` are both set: a padded model batches on dim 0; remove one of them".into(),
@@ -484,6 +502,7 @@ impl ModelSettings {
             reshape: Default::default(),
             sequence,
             pipeline,
+            op_libraries,
         })
     }
 

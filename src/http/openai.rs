@@ -44,11 +44,18 @@ pub async fn embeddings(
         Ok(b) => b,
         Err(e) => return OpenAiError(e.0).into_response(),
     };
-    let req = match admission.check().map_err(|e| e.0).and_then(|_| openai::decode(&bytes)) {
+    let req = match admission
+        .check()
+        .map_err(|e| e.0)
+        .and_then(|_| openai::decode(&bytes))
+    {
         Ok(r) => r,
         Err(e) => return OpenAiError(e).into_response(),
     };
-    let held = match state.budget.reserve_decoded(decoded_bytes(&req.input), bytes.len()) {
+    let held = match state
+        .budget
+        .reserve_decoded(decoded_bytes(&req.input), bytes.len())
+    {
         Ok(h) => h,
         Err(e) => return OpenAiError(e).into_response(),
     };
@@ -67,8 +74,18 @@ pub async fn embeddings(
     .await;
     drop(held);
     telemetry::finish(&span, result.as_ref().err());
-    match observe(&state.registry, &name, "openai", arrival, result.map_err(super::error::ApiError)) {
-        Ok(body) => ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response(),
+    match observe(
+        &state.registry,
+        &name,
+        "openai",
+        arrival,
+        result.map_err(super::error::ApiError),
+    ) {
+        Ok(body) => (
+            [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+            body,
+        )
+            .into_response(),
         Err(e) => OpenAiError(e.0).into_response(),
     }
 }
@@ -77,6 +94,9 @@ pub async fn embeddings(
 fn decoded_bytes(input: &openai::Input) -> usize {
     match input {
         openai::Input::Texts(t) => t.iter().map(|s| s.len() + std::mem::size_of::<String>()).sum(),
-        openai::Input::Tokens(t) => t.iter().map(|ids| ids.len() * 8 + std::mem::size_of::<Vec<i64>>()).sum(),
+        openai::Input::Tokens(t) => t
+            .iter()
+            .map(|ids| ids.len() * 8 + std::mem::size_of::<Vec<i64>>())
+            .sum(),
     }
 }

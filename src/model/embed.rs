@@ -35,8 +35,12 @@ impl ModelHandle {
                 self.name, self.name
             ))
         };
-        let p = self.pipeline().ok_or_else(|| not_text("it takes tensors, not text".into()))?;
-        let (tokenizer, names) = p.tokenizer().ok_or_else(|| not_text("it has no tokenizer step".into()))?;
+        let p = self
+            .pipeline()
+            .ok_or_else(|| not_text("it takes tensors, not text".into()))?;
+        let (tokenizer, names) = p
+            .tokenizer()
+            .ok_or_else(|| not_text("it has no tokenizer step".into()))?;
         let out = match p.signature.outputs.as_slice() {
             [o] if o.dtype == DataType::F32 && o.shape.len() == 2 => o.name.clone(),
             _ => return Err(not_text("its output is not one FP32 vector per text".into())),
@@ -51,7 +55,11 @@ impl ModelHandle {
                     return Err(not_text("it takes more than text".into()));
                 };
                 let strings: Strings = texts.iter().collect();
-                (false, vec![Tensor::new(&text.name, vec![n], TensorData::Bytes(strings)).map_err(Error::Internal)?])
+                (
+                    false,
+                    vec![Tensor::new(&text.name, vec![n], TensorData::Bytes(strings))
+                        .map_err(Error::Internal)?],
+                )
             }
             Input::Tokens(ids) => (true, token_tensors(&ids, tokenizer.max_length, &names)),
         };
@@ -67,17 +75,25 @@ impl ModelHandle {
             .counted(arrival, self.run_pipeline(p, req, arrival, tokenized))
             .await?;
         let mut it = resp.outputs.into_iter();
-        let vectors = it.next().ok_or_else(|| Error::Internal("the pipeline answered no vectors".into()))?;
+        let vectors = it
+            .next()
+            .ok_or_else(|| Error::Internal("the pipeline answered no vectors".into()))?;
         let tokens = match it.next().map(|m| m.data) {
             Some(TensorData::I64(m)) => m.iter().filter(|x| **x != 0).count(),
             _ => 0,
         };
         let (TensorData::F32(mut v), [rows, dim]) = (vectors.data, vectors.shape.as_slice()) else {
-            return Err(Error::Internal("the pipeline's vectors are not FP32 [texts, dim]".into()));
+            return Err(Error::Internal(
+                "the pipeline's vectors are not FP32 [texts, dim]".into(),
+            ));
         };
         let (rows, dim) = (*rows, *dim);
         let Some(keep) = dimensions.filter(|d| *d != dim) else {
-            return Ok(Embeddings { vectors: v, dim, tokens });
+            return Ok(Embeddings {
+                vectors: v,
+                dim,
+                tokens,
+            });
         };
         if keep > dim {
             return Err(Error::invalid(format!(
@@ -93,7 +109,11 @@ impl ModelHandle {
                 super::pipeline::pool::normalize(&mut cut[start..]);
             }
         }
-        Ok(Embeddings { vectors: cut, dim: keep, tokens })
+        Ok(Embeddings {
+            vectors: cut,
+            dim: keep,
+            tokens,
+        })
     }
 }
 

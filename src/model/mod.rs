@@ -328,7 +328,10 @@ impl ModelHandle {
             return Box::pin(prev.infer(req, arrival)).await;
         }
         match &self.pipeline {
-            Some(p) => self.counted(arrival, self.run_pipeline(p, req, arrival, false)).await,
+            Some(p) => {
+                self.counted(arrival, self.run_pipeline(p, req, arrival, false))
+                    .await
+            }
             None => self.counted(arrival, self.run(req, arrival)).await,
         }
     }

@@ -60,7 +60,11 @@ pub fn decode(body: &[u8]) -> Result<EmbeddingsRequest> {
         .model
         .ok_or_else(|| Error::invalid("`model` is missing: name the model to embed with"))?;
     let input = match raw.input {
-        None => return Err(Error::invalid("`input` is missing: a string, an array of strings, or token ids")),
+        None => {
+            return Err(Error::invalid(
+                "`input` is missing: a string, an array of strings, or token ids",
+            ))
+        }
         Some(v) => input(v)?,
     };
     if input.is_empty() {
@@ -85,7 +89,11 @@ pub fn decode(body: &[u8]) -> Result<EmbeddingsRequest> {
         None | Some(Value::Null) => None,
         Some(v) => match v.as_u64() {
             Some(n) if n >= 1 => Some(n as usize),
-            _ => return Err(Error::invalid(format!("`dimensions` must be a positive integer, got {v}"))),
+            _ => {
+                return Err(Error::invalid(format!(
+                    "`dimensions` must be a positive integer, got {v}"
+                )))
+            }
         },
     };
     Ok(EmbeddingsRequest {
@@ -97,7 +105,9 @@ pub fn decode(body: &[u8]) -> Result<EmbeddingsRequest> {
 }
 
 fn input(v: Value) -> Result<Input> {
-    let bad = || Error::invalid("`input` must be a string, an array of strings, an array of token ids, or an array of arrays of token ids");
+    let bad = || {
+        Error::invalid("`input` must be a string, an array of strings, an array of token ids, or an array of arrays of token ids")
+    };
     let ids = |a: &[Value]| -> Result<Vec<i64>> {
         a.iter()
             .map(|x| x.as_i64().filter(|n| *n >= 0).ok_or_else(bad))
@@ -134,7 +144,9 @@ pub fn encode(model: &str, vectors: &[&[f32]], base64: bool, tokens: usize) -> V
         .enumerate()
         .map(|(index, v)| {
             let embedding = match base64 {
-                true => Value::from(base64::engine::general_purpose::STANDARD.encode(bytemuck::cast_slice::<f32, u8>(v))),
+                true => Value::from(
+                    base64::engine::general_purpose::STANDARD.encode(bytemuck::cast_slice::<f32, u8>(v)),
+                ),
                 false => json!(v),
             };
             json!({"object": "embedding", "index": index, "embedding": embedding})
@@ -177,14 +189,33 @@ mod tests {
     #[test]
     fn inputs_of_every_shape() {
         let d = |s: &str| decode(s.as_bytes()).map(|r| r.input);
-        assert_eq!(d(r#"{"model":"m","input":"hi"}"#).unwrap(), Input::Texts(vec!["hi".into()]));
-        assert_eq!(d(r#"{"model":"m","input":["a","b"]}"#).unwrap(), Input::Texts(vec!["a".into(), "b".into()]));
-        assert_eq!(d(r#"{"model":"m","input":[1,2]}"#).unwrap(), Input::Tokens(vec![vec![1, 2]]));
-        assert_eq!(d(r#"{"model":"m","input":[[1],[2,3]]}"#).unwrap(), Input::Tokens(vec![vec![1], vec![2, 3]]));
-        for bad in [r#"{"model":"m","input":["a",1]}"#, r#"{"model":"m","input":{}}"#, r#"{"model":"m","input":[-1]}"#] {
+        assert_eq!(
+            d(r#"{"model":"m","input":"hi"}"#).unwrap(),
+            Input::Texts(vec!["hi".into()])
+        );
+        assert_eq!(
+            d(r#"{"model":"m","input":["a","b"]}"#).unwrap(),
+            Input::Texts(vec!["a".into(), "b".into()])
+        );
+        assert_eq!(
+            d(r#"{"model":"m","input":[1,2]}"#).unwrap(),
+            Input::Tokens(vec![vec![1, 2]])
+        );
+        assert_eq!(
+            d(r#"{"model":"m","input":[[1],[2,3]]}"#).unwrap(),
+            Input::Tokens(vec![vec![1], vec![2, 3]])
+        );
+        for bad in [
+            r#"{"model":"m","input":["a",1]}"#,
+            r#"{"model":"m","input":{}}"#,
+            r#"{"model":"m","input":[-1]}"#,
+        ] {
             assert!(d(bad).unwrap_err().to_string().starts_with("`input`"), "{bad}");
         }
-        assert!(d(r#"{"model":"m","input":[]}"#).unwrap_err().to_string().contains("empty"));
+        assert!(d(r#"{"model":"m","input":[]}"#)
+            .unwrap_err()
+            .to_string()
+            .contains("empty"));
     }
 
     #[test]
@@ -194,7 +225,8 @@ mod tests {
         assert!(e(r#"{"model":"m","input":"x","encoding_format":"hex"}"#).contains("\"float\" or \"base64\""));
         assert!(e(r#"{"model":"m","input":"x","dimensions":0}"#).contains("`dimensions`"));
         assert!(e(r#"{"model":"m","input":"x","extra":1}"#).contains("unknown field `extra`"));
-        let r = decode(br#"{"model":"m","input":"x","encoding_format":"base64","dimensions":8,"user":"u"}"#).unwrap();
+        let r = decode(br#"{"model":"m","input":"x","encoding_format":"base64","dimensions":8,"user":"u"}"#)
+            .unwrap();
         assert!(r.base64 && r.dimensions == Some(8));
     }
 

@@ -7,6 +7,7 @@
 pub mod cuda;
 pub mod device_memory;
 pub mod onnx;
+pub mod op_library;
 pub mod ort_log;
 mod values;
 pub mod weights;

@@ -70,7 +70,7 @@ pub fn find_library(configured: Option<&Path>) -> Result<PathBuf, RuntimeError> 
 }
 
 /// Session options every model gets unless its settings say otherwise.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionDefaults {
     /// Intra-op threads when a model does not set `intra_op_threads` (the
     /// pool's thread budget, see `Config::default_intra_op_threads`).
@@ -79,6 +79,8 @@ pub struct SessionDefaults {
     pub spinning: bool,
     /// Instances of one model share one copy of their prepacked weights.
     pub share_weights: bool,
+    /// Custom-op libraries models may refer to, by name (`[runtime] op_libraries`).
+    pub op_libraries: std::collections::BTreeMap<String, std::path::PathBuf>,
 }
 
 impl SessionDefaults {
@@ -88,6 +90,7 @@ impl SessionDefaults {
             intra_op_threads: cfg.default_intra_op_threads(),
             spinning: cfg.runtime.intra_op_spinning,
             share_weights: cfg.runtime.share_weights,
+            op_libraries: cfg.runtime.op_libraries.clone(),
         }
     }
 }
@@ -166,6 +169,11 @@ impl OnnxRuntime {
         shared: &Sharing,
     ) -> Result<OnnxSession, String> {
         let mut builder = self.builder(settings).map_err(|e| e.to_string())?;
+        for lib in super::op_library::resolve(&settings.op_libraries, &self.defaults.op_libraries)? {
+            builder = builder
+                .with_operator_library(&lib)
+                .map_err(|e| format!("op library {}: {e}", lib.display()))?;
+        }
         // Instances of one model share one copy of their weights, and of
         // the prepacked form ONNX Runtime derives from them.
         // On a GPU each session keeps its weights in device memory: ONNX
@@ -247,7 +255,7 @@ impl Runtime for OnnxRuntime {
     fn load(&self, model: &str, path: &Path, settings: &ModelSettings) -> Result<LoadedModel, RuntimeError> {
         let load_err = |message: String| RuntimeError::Load {
             path: path.display().to_string(),
-            message,
+            message: super::op_library::explain(message, path, &settings.op_libraries),
         };
         regular_file(path).map_err(load_err)?;
         let cuda_built = ep::CUDA::is_available().unwrap_or(false);

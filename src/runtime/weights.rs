@@ -14,7 +14,7 @@ use ort::value::{DynValue, Tensor};
 use prost::Message;
 
 #[allow(clippy::all, missing_docs)]
-mod onnx {
+pub(super) mod onnx {
     include!(concat!(env!("OUT_DIR"), "/onnx.rs"));
 }
 

@@ -249,9 +249,11 @@ impl Walker {
             }
             ["tokenizer"] => StepKind::Tokenizer(self.tokenizer(&obj["tokenizer"], &path)?),
             ["pooling"] => StepKind::Pooling(self.pooling(&obj["pooling"], &path)?),
-            _ => return self.push(format!(
+            _ => {
+                return self.push(format!(
                 "`{path}` needs exactly one of `model` (a model of the repository), `tokenizer` or `pooling`"
-            )),
+            ))
+            }
         };
         let name = match get(obj, "name") {
             Some(v) => self.string(v, &format!("{path}.name"), "a name")?.to_string(),

@@ -88,6 +88,7 @@ fn full_file_with_every_field() {
         reshape: Default::default(),
         sequence: None,
         pipeline: None,
+        op_libraries: Vec::new(),
     };
     assert_eq!(s, expected);
 }

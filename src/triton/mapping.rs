@@ -16,6 +16,7 @@ use crate::protocol::grpc::inference::{
 use crate::settings::{ModelDefaults, ModelSettings};
 use crate::tensor::reshape::Reshape;
 
+pub mod ensemble;
 mod sequence;
 
 /// The platform and backend names of ONNX models in Triton.
@@ -39,9 +40,19 @@ pub fn settings(
         ModelSettings::parse_with_uri(&text, name, defaults, uri).map_err(|e| e.to_string())?;
     settings.ignored = ignored;
     settings.reshape = reshapes(config);
-    if let Some(SchedulingChoice::SequenceBatching(s)) = &config.scheduling_choice {
-        settings.sequence = Some(sequence::settings(s)?);
+    match &config.scheduling_choice {
+        Some(SchedulingChoice::SequenceBatching(s)) => settings.sequence = Some(sequence::settings(s)?),
+        Some(SchedulingChoice::EnsembleScheduling(e)) => {
+            settings.pipeline = Some(ensemble::pipeline(config, e)?)
+        }
+        _ => {}
     }
+    // Resolved against `[runtime] op_libraries` by file name when the model loads.
+    settings.op_libraries = config
+        .model_operations
+        .as_ref()
+        .map(|m| m.op_library_filename.clone())
+        .unwrap_or_default();
     settings.triton_config = Some(super::config::to_json(config));
     Ok(settings)
 }
@@ -49,7 +60,17 @@ pub fn settings(
 /// Refuses a platform or backend other than ONNX Runtime's, and a `name`
 /// that is not the folder's (Triton refuses it too).
 fn check_identity(config: &ModelConfig, name: &str) -> Result<(), String> {
-    let platform_ok = config.platform.is_empty() || config.platform == PLATFORM;
+    let ensemble = matches!(
+        config.scheduling_choice,
+        Some(SchedulingChoice::EnsembleScheduling(_))
+    );
+    if ensemble != (config.platform == ensemble::PLATFORM) {
+        return Err(match ensemble {
+            true => "`ensemble_scheduling` needs `platform: \"ensemble\"`".into(),
+            false => "`platform` is \"ensemble\" but there is no `ensemble_scheduling`: add its steps".into(),
+        });
+    }
+    let platform_ok = config.platform.is_empty() || config.platform == PLATFORM || ensemble;
     let backend_ok = config.backend.is_empty() || config.backend == BACKEND;
     if !platform_ok {
         return Err(format!(
@@ -68,9 +89,6 @@ fn check_identity(config: &ModelConfig, name: &str) -> Result<(), String> {
             "`name` is {:?} but the model folder is `{name}`: they must be the same (or leave `name` out)",
             config.name
         ));
-    }
-    if let Some(SchedulingChoice::EnsembleScheduling(_)) = config.scheduling_choice {
-        return Err("`ensemble_scheduling`: ensembles are not supported; serve each model on its own".into());
     }
     Ok(())
 }
@@ -388,11 +406,6 @@ fn unhonoured(config: &ModelConfig, ignored: &mut Vec<String>) {
             !config.metric_tags.is_empty(),
             "metric_tags",
             "metrics carry the model label only",
-        ),
-        (
-            config.model_operations.is_some(),
-            "model_operations",
-            "custom op libraries are not supported yet",
         ),
         (
             config

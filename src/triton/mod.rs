@@ -90,11 +90,17 @@ pub fn versions_for(
         "" => DEFAULT_MODEL_FILENAME,
         f => f,
     };
+    // An ensemble's version folders hold no file (Triton's are empty).
+    let filename = match config.platform == mapping::ensemble::PLATFORM {
+        true => "",
+        false => filename,
+    };
     let on_disk = versions(dir, filename).map_err(|e| e.to_string())?;
     let chosen = select(&on_disk, config)?;
     if chosen.is_empty() {
         let found: Vec<String> = on_disk.iter().map(u64::to_string).collect();
         return Err(match found.is_empty() {
+            true if filename.is_empty() => "no version folder: an ensemble needs an (empty) folder `1/`".into(),
             true => format!("no version folder holds `{filename}`: put the model at `1/{filename}`"),
             false => format!(
                 "`version_policy` selects none of the versions on disk ({}); change `version_policy` or add the version",
@@ -162,7 +168,9 @@ fn versions(dir: &Path, filename: &str) -> std::io::Result<Vec<u64>> {
         if v == 0 || name.starts_with('0') || name.starts_with('+') {
             continue;
         }
-        if entry.path().join(filename).exists() {
+        if filename.is_empty() && entry.path().is_dir()
+            || !filename.is_empty() && entry.path().join(filename).exists()
+        {
             out.push(v);
         }
     }
