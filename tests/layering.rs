@@ -160,9 +160,11 @@ fn the_repository_parts_do_not_reach_up_into_its_task() {
         "files",
         "lifecycle",
         "load",
+        "pipeline",
         "registry",
         "residency",
         "scan",
+        "sentence",
         "warm",
         "watcher",
     ];

@@ -168,6 +168,7 @@ impl GrpcInferenceService for InferenceService {
             .await
             .map(|m| {
                 let mut metadata = ModelMetadata::new(&m.name, m.version(), &m.client_signature());
+                metadata.platform = m.platform().into();
                 metadata.with_versions(self.state.registry.ready_versions(&m.name));
                 metadata.into()
             }))

@@ -66,6 +66,7 @@ pub async fn model_metadata(
         .serve(&p.name, p.version.as_deref(), Instant::now())
         .await?;
     let mut metadata = ModelMetadata::new(&model.name, model.version(), &model.client_signature());
+    metadata.platform = model.platform().into();
     metadata.with_versions(state.registry.ready_versions(&model.name));
     Ok(Json(metadata))
 }

@@ -28,7 +28,19 @@ impl ModelHandle {
                 default_timeout_microseconds: micros(batching.timeout),
             },
         });
-        ModelConfig::new(&self.name, &self.signature, max_batch_size, dynamic)
+        let mut c = ModelConfig::new(&self.name, &self.client_signature(), max_batch_size, dynamic);
+        if self.pipeline().is_some() {
+            (c.platform, c.backend) = (self.platform().into(), String::new());
+        }
+        c
+    }
+
+    /// Triton's platform name: `ensemble` for a pipeline.
+    pub fn platform(&self) -> &'static str {
+        match self.pipeline() {
+            Some(_) => crate::triton::mapping::ensemble::PLATFORM,
+            None => crate::triton::mapping::PLATFORM,
+        }
     }
 
     /// The configuration in force, as Triton's config endpoint and RPC answer
@@ -47,8 +59,11 @@ impl ModelHandle {
             return derived;
         };
         c.name.clone_from(&self.name);
-        c.platform = crate::triton::mapping::PLATFORM.into();
-        c.backend = crate::triton::mapping::BACKEND.into();
+        c.platform = self.platform().into();
+        c.backend = match self.pipeline() {
+            Some(_) => String::new(),
+            None => crate::triton::mapping::BACKEND.into(),
+        };
         if c.input.is_empty() {
             c.input = derived.input;
         }

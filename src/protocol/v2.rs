@@ -126,7 +126,7 @@ impl ServerMetadata {
 pub struct ModelMetadata {
     pub name: String,
     pub versions: Vec<String>,
-    /// Always `"onnxruntime_onnx"`.
+    /// `"onnxruntime_onnx"`, or `"ensemble"` for a pipeline.
     pub platform: String,
     pub inputs: Vec<MetadataTensor>,
     pub outputs: Vec<MetadataTensor>,

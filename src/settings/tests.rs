@@ -544,6 +544,7 @@ fn serializes_durations_as_seconds_and_enums_by_name() {
 
 mod declared;
 mod padding;
+mod pipeline;
 mod sequence;
 
 #[test]

@@ -25,15 +25,21 @@ use crate::tensor::{Signature, Tensor, TensorSpec};
 /// A boxed future of a step model's handle.
 pub type HandleFuture = Pin<Box<dyn Future<Output = Result<Arc<ModelHandle>>> + Send>>;
 
+/// The model's handle for a request arrived at the instant.
+pub type Serve = Arc<dyn Fn(&str, Option<&str>, Instant) -> HandleFuture + Send + Sync>;
+
+/// The model's handle if it serves now.
+pub type ReadyNow = Arc<dyn Fn(&str, Option<&str>) -> Option<Arc<ModelHandle>> + Send + Sync>;
+
 /// How a pipeline reaches the models of its steps; the repository gives it
 /// (the model layer does not see the registry).
 #[derive(Clone)]
 pub struct Steps {
     /// The model's handle for a request arrived at the instant, loading it
     /// when it is not resident.
-    pub serve: Arc<dyn Fn(&str, Option<&str>, Instant) -> HandleFuture + Send + Sync>,
+    pub serve: Serve,
     /// The model's handle if it serves now (signatures, at load).
-    pub ready: Arc<dyn Fn(&str, Option<&str>) -> Option<Arc<ModelHandle>> + Send + Sync>,
+    pub ready: ReadyNow,
 }
 
 /// A loaded pipeline.

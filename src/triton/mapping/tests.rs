@@ -117,3 +117,51 @@ fn other_platforms_and_bad_values_are_refused() {
     }
     assert!(mapped("backend: \"onnxruntime\"").is_ok());
 }
+
+const ENSEMBLE: &str = r#"name: "m" platform: "ensemble" max_batch_size: 4
+input [ { name: "A" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "C" data_type: TYPE_FP32 dims: [ 2 ] } ]
+ensemble_scheduling { step [
+  { model_name: "first" model_version: -1 input_map { key: "x" value: "A" } output_map { key: "y" value: "B" } },
+  { model_name: "second" model_version: 3 input_map { key: "x" value: "B" } output_map { key: "y" value: "C" } } ] }"#;
+
+#[test]
+fn an_ensemble_maps_onto_a_pipeline() {
+    use crate::settings::pipeline::StepKind;
+    let s = mapped(ENSEMBLE).unwrap();
+    let p = s.pipeline.unwrap();
+    assert_eq!(p.outputs, vec!["C".to_string()]);
+    assert_eq!(
+        p.steps[0].kind,
+        StepKind::Model {
+            model: "first".into(),
+            version: None
+        }
+    );
+    assert_eq!(
+        p.steps[1].kind,
+        StepKind::Model {
+            model: "second".into(),
+            version: Some("3".into())
+        }
+    );
+    assert_eq!(p.steps[1].inputs["x"], "B");
+    assert_eq!(p.steps[0].name, "step 0 (model `first`)");
+    // Its declared tensors carry the batch dim.
+    assert_eq!(s.declared.inputs.unwrap()[0].shape, Some(vec![-1, 2]));
+}
+
+#[test]
+fn ensemble_mistakes_name_the_field() {
+    let e = mapped(&ENSEMBLE.replace("platform: \"ensemble\"", "")).unwrap_err();
+    assert!(e.contains("needs `platform: \"ensemble\"`"), "{e}");
+    let e = mapped(&ENSEMBLE.replace("value: \"B\" } },", "value: \"Q\" } },")).unwrap_err();
+    assert!(e.contains("tensor `B` is read by a step"), "{e}");
+    let e = mapped(&ENSEMBLE.replace("model_version: 3", "model_version: -7")).unwrap_err();
+    assert!(
+        e.contains("`ensemble_scheduling.step[1]`: `model_version` is -7"),
+        "{e}"
+    );
+    let e = mapped(r#"name: "m" platform: "ensemble""#).unwrap_err();
+    assert!(e.contains("no `ensemble_scheduling`"), "{e}");
+}
