@@ -222,17 +222,32 @@ impl Repository {
 
     /// The loaded models as the planner sees them, but `except`'s.
     fn loaded(&self, except: Option<&str>) -> Vec<Loaded> {
+        // A pipeline's steps go with it: each is as recently used as the
+        // pipelines that run it, and busy while one of them is.
+        let mut held: std::collections::HashMap<String, (Instant, bool)> = Default::default();
+        for h in self.tracked.values().filter_map(|t| Some(&t.phase.serving()?.handle)) {
+            let Some(p) = h.pipeline() else { continue };
+            let (last, busy) = (h.activity().last_active(), h.activity().busy());
+            for step in p.step_models() {
+                let e = held.entry(step).or_insert((last, busy));
+                *e = (e.0.max(last), e.1 || busy);
+            }
+        }
         self.tracked
             .values()
             .filter(|t| Some(t.folder.as_str()) != except)
             .filter_map(|t| {
                 let h = &t.phase.serving()?.handle;
+                let (by_pipeline, pipeline_busy) = held.get(&t.name).copied().unwrap_or((h.activity().last_active(), false));
                 Some(Loaded {
                     name: t.folder.clone(),
                     charge: charged(t, h),
-                    last_active: h.activity().last_active(),
+                    last_active: h.activity().last_active().max(by_pipeline),
                     // Live sequences hold state only this version has.
-                    busy: h.activity().busy() || h.batcher().queued() > 0 || h.live_sequences() > 0,
+                    busy: h.activity().busy()
+                        || h.batcher().queued() > 0
+                        || h.live_sequences() > 0
+                        || pipeline_busy,
                     pinned: self.pinned(&h.settings),
                 })
             })
@@ -256,6 +271,11 @@ impl Repository {
             }
         }
         let len = file.map_or(0, |f| f.len);
+        // A pipeline without an ONNX file holds its files (a tokenizer's
+        // vocabulary), not sessions: its steps' models are charged apart.
+        if super::pipeline::without_file(settings) {
+            return Charge::from([("cpu".to_string(), len.saturating_mul(2))]);
+        }
         let mut beyond: Vec<u64> = self
             .tracked
             .values()

@@ -349,3 +349,42 @@ async fn models_that_no_wait_can_fit_are_errors_not_retry_later() {
         "{msg}"
     );
 }
+
+#[tokio::test]
+async fn a_pipelines_later_step_is_not_evicted_while_an_earlier_one_runs() {
+    let (slow, a, b, c) = (
+        format!("k=5 bytes={GB} run_ms=400"),
+        format!("k=2 bytes={}", 4 * GB),
+        format!("k=3 bytes={}", 4 * GB),
+        format!("k=4 bytes={}", 4 * GB),
+    );
+    let f = Arc::new(start(&[("s", &slow), ("a", &a), ("b", &b), ("c", &c)], budget(ResidencyMode::OnDemand, 10)).await);
+    // `pp` runs `s`, then `a`; its tensors are declared (its steps are not
+    // loaded when it loads).
+    std::fs::create_dir(f.dir.path().join("pp")).unwrap();
+    std::fs::write(
+        f.dir.path().join("pp/model-settings.json"),
+        r#"{"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}],
+            "pipeline": {"steps": [
+              {"model": "s", "inputs": {"x": "x"}, "outputs": {"y": "t"}},
+              {"model": "a", "inputs": {"x": "t"}, "outputs": {"y": "y"}}], "outputs": ["y"]}}"#,
+    )
+    .unwrap();
+    f.repo.rescan();
+    f.ask("a").await.unwrap();
+    let piped = {
+        let f = f.clone();
+        tokio::spawn(async move { f.ask("pp").await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    f.ask("b").await.unwrap();
+    // While `s` runs, `a` is the least recently used idle model (even
+    // counted from the pipeline's start): the pipeline in flight holds it,
+    // so `b` makes room for `c`.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(f.ask("c").await.unwrap(), 4.0);
+    let resident = f.resident();
+    assert!(resident.contains(&"a".to_string()) && !resident.contains(&"b".to_string()), "{resident:?}");
+    assert_eq!(piped.await.unwrap().unwrap(), 10.0, "5x, then 2x");
+}
