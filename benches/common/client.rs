@@ -57,6 +57,8 @@ pub struct Encoded {
     /// `Inference-Header-Content-Length` (binary tensor extension only).
     pub header_len: Option<usize>,
     pub body: Bytes,
+    /// Where it goes when not to the model's infer path (`/v1/embeddings`).
+    pub path: Option<&'static str>,
 }
 
 /// A V2 inference request for `rows` rows of FP32 input `input` of `width`
@@ -79,6 +81,7 @@ pub fn encode_request(input: &str, xs: &[f32], rows: usize, width: usize, binary
             content_type: "application/octet-stream",
             header_len: Some(header_len),
             body: body.into(),
+            path: None,
         }
     } else {
         let v = serde_json::json!({"inputs": [{
@@ -88,6 +91,7 @@ pub fn encode_request(input: &str, xs: &[f32], rows: usize, width: usize, binary
             content_type: "application/json",
             header_len: None,
             body: serde_json::to_vec(&v).expect("JSON").into(),
+            path: None,
         }
     }
 }
@@ -324,7 +328,10 @@ pub async fn closed_loop<S: AsRef<str>>(
             .iter()
             .map(|m| {
                 let path = infer_path(m.as_ref());
-                bodies.iter().map(|e| wire_request(addr, &path, e)).collect()
+                bodies
+                    .iter()
+                    .map(|e| wire_request(addr, e.path.unwrap_or(&path), e))
+                    .collect()
             })
             .collect(),
     });

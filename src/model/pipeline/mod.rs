@@ -339,11 +339,15 @@ impl Pipeline {
             }
         }
         let mut outputs = Vec::with_capacity(wanted.len());
-        for w in &wanted {
-            let t = have.get(w).ok_or_else(|| {
+        for (i, w) in wanted.iter().enumerate() {
+            // Moved out, unless the request names it again later.
+            let t = match wanted[i + 1..].contains(w) {
+                true => have.get(w).cloned(),
+                false => have.remove(w),
+            };
+            outputs.push(t.ok_or_else(|| {
                 Error::Internal(format!("pipeline `{}`: tensor `{w}` was never made", own.name))
-            })?;
-            outputs.push(t.clone());
+            })?);
         }
         Ok(InferResponse {
             model_name: own.batcher().model().clone(),
@@ -411,7 +415,10 @@ impl Pipeline {
                         own.name
                     ))
                 })?;
-                let handle = (models.serve)(model, version.as_deref(), arrival).await?;
+                let handle = match (models.ready)(model, version.as_deref()) {
+                    Some(h) => h,
+                    None => (models.serve)(model, version.as_deref(), arrival).await?,
+                };
                 Ok(Box::pin(handle.infer(request(inputs), arrival)).await?.outputs)
             }
         }
