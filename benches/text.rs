@@ -40,7 +40,10 @@ fn texts() -> Vec<String> {
     (0..256)
         .map(|i| {
             let n = 8 + (i * 13) % 40;
-            (0..n).map(|k| words[(i * 7 + k * 3) % words.len()]).collect::<Vec<_>>().join(" ")
+            (0..n)
+                .map(|k| words[(i * 7 + k * 3) % words.len()])
+                .collect::<Vec<_>>()
+                .join(" ")
         })
         .collect()
 }
@@ -50,16 +53,28 @@ fn make_repository(dir: &Path) -> Result<PathBuf> {
     let repo = dir.join("repo");
     let st = root.join("model-repository").join(MODEL);
     if !st.join("modules.json").is_file() {
-        return Err(anyhow!("{} is missing: run scripts/fetch-minilm-st.sh", st.display()));
+        return Err(anyhow!(
+            "{} is missing: run scripts/fetch-minilm-st.sh",
+            st.display()
+        ));
     }
     let copy = repo.join(MODEL);
     std::fs::create_dir_all(copy.join("1_Pooling"))?;
-    for f in ["tokenizer.json", "modules.json", "sentence_bert_config.json", "1_Pooling/config.json", "model.onnx"] {
+    for f in [
+        "tokenizer.json",
+        "modules.json",
+        "sentence_bert_config.json",
+        "1_Pooling/config.json",
+        "model.onnx",
+    ] {
         std::fs::copy(st.join(f), copy.join(f))?;
     }
     let identity = repo.join("identity");
     std::fs::create_dir_all(&identity)?;
-    std::fs::copy(root.join("tests/fixtures/models/identity/model.onnx"), identity.join("model.onnx"))?;
+    std::fs::copy(
+        root.join("tests/fixtures/models/identity/model.onnx"),
+        identity.join("model.onnx"),
+    )?;
     let one_step = repo.join("identity_pipeline");
     std::fs::create_dir_all(&one_step)?;
     let settings = json!({"pipeline": {"steps": [
@@ -97,12 +112,17 @@ fn raw_round(
     batch: usize,
     seconds: f64,
 ) -> Result<Raw> {
-    let pool = PoolingStep { mode: PoolingMode::Mean, normalize: true };
+    let pool = PoolingStep {
+        mode: PoolingMode::Mean,
+        normalize: true,
+    };
     let (t0, cpu0) = (Instant::now(), self_cpu_seconds());
     let mut done = 0u64;
     let mut at = 0;
     while t0.elapsed().as_secs_f64() < seconds {
-        let chunk: Vec<&str> = (0..batch).map(|k| texts[(at + k) % texts.len()].as_str()).collect();
+        let chunk: Vec<&str> = (0..batch)
+            .map(|k| texts[(at + k) % texts.len()].as_str())
+            .collect();
         at += batch;
         let enc: Vec<_> = chunk
             .iter()
@@ -127,10 +147,16 @@ fn raw_round(
         let dims: Vec<usize> = shape.iter().map(|d| *d as usize).collect();
         let hidden = Tensor::new("h", dims, TensorData::F32(hidden.to_vec())).map_err(|e| anyhow!(e))?;
         let mask = Tensor::new("m", vec![batch, len], TensorData::I64(mask)).map_err(|e| anyhow!(e))?;
-        std::hint::black_box(sluice::model::pipeline::pool::run(pool, &hidden, &mask).map_err(|e| anyhow!("{e}"))?);
+        std::hint::black_box(
+            sluice::model::pipeline::pool::run(pool, &hidden, &mask).map_err(|e| anyhow!("{e}"))?,
+        );
         done += batch as u64;
     }
-    Ok(Raw { texts: done, wall: t0.elapsed().as_secs_f64(), cpu: self_cpu_seconds() - cpu0 })
+    Ok(Raw {
+        texts: done,
+        wall: t0.elapsed().as_secs_f64(),
+        cpu: self_cpu_seconds() - cpu0,
+    })
 }
 
 fn main() -> Result<()> {
@@ -151,14 +177,21 @@ fn main() -> Result<()> {
     let env = common::raw::environment(&lib)?;
     let intra = sluice::config::Config::default().default_intra_op_threads();
     let mut session = common::raw::session(&env, &repo.join(MODEL).join("model.onnx"), intra)?;
-    let mut tokenizer = tokenizers::Tokenizer::from_file(repo.join(MODEL).join("tokenizer.json")).map_err(|e| anyhow!("{e}"))?;
+    let mut tokenizer = tokenizers::Tokenizer::from_file(repo.join(MODEL).join("tokenizer.json"))
+        .map_err(|e| anyhow!("{e}"))?;
     tokenizer.with_padding(None);
     tokenizer
-        .with_truncation(Some(tokenizers::TruncationParams { max_length: 256, ..Default::default() }))
+        .with_truncation(Some(tokenizers::TruncationParams {
+            max_length: 256,
+            ..Default::default()
+        }))
         .map_err(|e| anyhow!("{e}"))?;
 
     let mut server = ServerProcess::start(&exe, work.path(), &repo, &lib)?;
-    let tokio = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
     tokio.block_on(server.wait_ready(Instant::now()))?;
     let bodies = embedding_bodies(&texts);
     let xs = common::random_floats(16, 7);
@@ -172,7 +205,12 @@ fn main() -> Result<()> {
     // The same texts ordered by length: consecutive ones pad little, as the
     // server's padded batches (max_padding_ratio) do.
     let mut by_length = texts.clone();
-    by_length.sort_by_key(|t| tokenizer.encode_fast(t.as_str(), true).map(|e| e.len()).unwrap_or(0));
+    by_length.sort_by_key(|t| {
+        tokenizer
+            .encode_fast(t.as_str(), true)
+            .map(|e| e.len())
+            .unwrap_or(0)
+    });
     let mut grouped: Vec<Raw> = Vec::new();
     let mut path: Vec<(String, usize, Vec<LoadPoint>)> = Vec::new();
     for model in ["identity", "identity_pipeline"] {
@@ -182,20 +220,48 @@ fn main() -> Result<()> {
     }
     for _ in 0..rounds {
         for (c, points) in embed.iter_mut() {
-            let p = tokio.block_on(closed_loop(&server, "embeddings", &[MODEL], *c, 1, &bodies, warm, window))?;
+            let p = tokio.block_on(closed_loop(
+                &server,
+                "embeddings",
+                &[MODEL],
+                *c,
+                1,
+                &bodies,
+                warm,
+                window,
+            ))?;
             if p.errors > 0 {
-                return Err(anyhow!("{} errors at {c} clients: {}", p.errors, server.log_tail()));
+                return Err(anyhow!(
+                    "{} errors at {c} clients: {}",
+                    p.errors,
+                    server.log_tail()
+                ));
             }
             points.push(p);
         }
-        let batch = embed[1].1.last().and_then(|p| p.mean_batch).unwrap_or(1.0).round().max(1.0) as usize;
+        let batch = embed[1]
+            .1
+            .last()
+            .and_then(|p| p.mean_batch)
+            .unwrap_or(1.0)
+            .round()
+            .max(1.0) as usize;
         raw[1].0 = batch;
         for (b, points) in raw.iter_mut() {
             points.push(raw_round(&tokenizer, &mut session, &texts, *b, seconds)?);
         }
         grouped.push(raw_round(&tokenizer, &mut session, &by_length, batch, seconds)?);
         for (model, c, points) in path.iter_mut() {
-            points.push(tokio.block_on(closed_loop(&server, model, &[model.as_str()], *c, 1, &identity, warm, window))?);
+            points.push(tokio.block_on(closed_loop(
+                &server,
+                model,
+                &[model.as_str()],
+                *c,
+                1,
+                &identity,
+                warm,
+                window,
+            ))?);
         }
     }
     drop(server);
@@ -204,16 +270,45 @@ fn main() -> Result<()> {
     println!("|---|---|---|---|---|---|");
     for ((c, points), (b, raws)) in embed.iter().zip(&raw) {
         let per_s = median(&points.iter().map(LoadPoint::items_per_s).collect::<Vec<_>>());
-        let cpu = median(&points.iter().filter_map(LoadPoint::cpu_per_1000).collect::<Vec<_>>());
+        let cpu = median(
+            &points
+                .iter()
+                .filter_map(LoadPoint::cpu_per_1000)
+                .collect::<Vec<_>>(),
+        );
         let batch = median(&points.iter().filter_map(|p| p.mean_batch).collect::<Vec<_>>());
-        let raw_cpu = median(&raws.iter().map(|r| r.cpu / r.texts as f64 * 1000.0).collect::<Vec<_>>());
+        let raw_cpu = median(
+            &raws
+                .iter()
+                .map(|r| r.cpu / r.texts as f64 * 1000.0)
+                .collect::<Vec<_>>(),
+        );
         let raw_per_s = median(&raws.iter().map(|r| r.texts as f64 / r.wall).collect::<Vec<_>>());
-        println!("| /v1/embeddings | {c} | {per_s:.0} | {cpu:.2} | {batch:.1} | {:.2} |", cpu / raw_cpu);
+        println!(
+            "| /v1/embeddings | {c} | {per_s:.0} | {cpu:.2} | {batch:.1} | {:.2} |",
+            cpu / raw_cpu
+        );
         println!("| in-process (tokenizers + ONNX Runtime + pooling), batch {b} | - | {raw_per_s:.0} | {raw_cpu:.2} | {b} | 1.00 |");
     }
-    let g_cpu = median(&grouped.iter().map(|r| r.cpu / r.texts as f64 * 1000.0).collect::<Vec<_>>());
-    let g_per_s = median(&grouped.iter().map(|r| r.texts as f64 / r.wall).collect::<Vec<_>>());
-    let served = median(&embed[1].1.iter().filter_map(LoadPoint::cpu_per_1000).collect::<Vec<_>>());
+    let g_cpu = median(
+        &grouped
+            .iter()
+            .map(|r| r.cpu / r.texts as f64 * 1000.0)
+            .collect::<Vec<_>>(),
+    );
+    let g_per_s = median(
+        &grouped
+            .iter()
+            .map(|r| r.texts as f64 / r.wall)
+            .collect::<Vec<_>>(),
+    );
+    let served = median(
+        &embed[1]
+            .1
+            .iter()
+            .filter_map(LoadPoint::cpu_per_1000)
+            .collect::<Vec<_>>(),
+    );
     println!(
         "| in-process, batch {}, texts grouped by length | - | {g_per_s:.0} | {g_cpu:.2} | {} | /v1/embeddings at {clients}: {:.2} |",
         raw[1].0,
@@ -222,13 +317,28 @@ fn main() -> Result<()> {
     );
     println!("\n| model | clients | requests/s (median) | server CPU µs per request (median) | p50 ms | p99 ms | ÷ direct (CPU per request) |");
     println!("|---|---|---|---|---|---|---|");
-    let us = |points: &[LoadPoint]| median(&points.iter().filter_map(LoadPoint::server_us_per_request).collect::<Vec<_>>());
+    let us = |points: &[LoadPoint]| {
+        median(
+            &points
+                .iter()
+                .filter_map(LoadPoint::server_us_per_request)
+                .collect::<Vec<_>>(),
+        )
+    };
     for (model, c, points) in &path {
-        let direct = path.iter().find(|(m, k, _)| m == "identity" && k == c).map(|(_, _, p)| us(p)).unwrap_or(f64::NAN);
+        let direct = path
+            .iter()
+            .find(|(m, k, _)| m == "identity" && k == c)
+            .map(|(_, _, p)| us(p))
+            .unwrap_or(f64::NAN);
         let per_s = median(&points.iter().map(LoadPoint::items_per_s).collect::<Vec<_>>());
         let p50 = median(&points.iter().map(|p| common::ms(p.p50)).collect::<Vec<_>>());
         let p99 = median(&points.iter().map(|p| common::ms(p.p99)).collect::<Vec<_>>());
-        println!("| {model} | {c} | {per_s:.0} | {:.1} | {p50:.2} | {p99:.2} | {:.2} |", us(points), us(points) / direct);
+        println!(
+            "| {model} | {c} | {per_s:.0} | {:.1} | {p50:.2} | {p99:.2} | {:.2} |",
+            us(points),
+            us(points) / direct
+        );
     }
     Ok(())
 }

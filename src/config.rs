@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::settings::{BatchPolicyKind, ExecutionProvider, ModelDefaults};
 
 mod env;
+mod inference_log;
 mod network;
 mod repository;
 mod residency;
@@ -23,6 +24,7 @@ mod telemetry;
 mod tls;
 
 pub use env::ignored_env;
+pub use inference_log::{InferenceLogConfig, LogMode};
 pub use network::{AuthConfig, GrpcConfig, HttpConfig, HttpLimits};
 pub use repository::{ControlMode, RepositoryConfig, WatchMode};
 pub use residency::{Residency, ResidencyConfig, ResidencyMode};
@@ -49,6 +51,22 @@ pub struct Config {
     pub tls: TlsConfig,
     pub tracing: TracingConfig,
     pub shared_memory: SharedMemoryConfig,
+    pub metrics: MetricsConfig,
+    pub inference_log: InferenceLogConfig,
+}
+
+/// `[metrics]`: what `/metrics` shows besides sluice's own series.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Triton's metric names too (`nv_inference_*`, `nv_cpu_*`), rendered at each scrape.
+    pub triton_names: bool,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig { triton_names: true }
+    }
 }
 
 /// `[shared_memory]`: Triton's system shared-memory extension.
@@ -307,6 +325,9 @@ impl Config {
         self.http.validate(&mut errs);
         self.tls.validate(&mut errs);
         self.tracing.validate(&mut errs);
+        if let Err(e) = self.inference_log.validate() {
+            errs.push(e);
+        }
         self.grpc.validate(&mut errs);
         if !(1..=65536).contains(&self.grpc.max_outstanding_per_stream) {
             errs.push(format!(

@@ -29,6 +29,7 @@ pub mod error;
 pub mod fuzz;
 pub mod grpc;
 pub mod http;
+pub mod inference_log;
 pub mod metrics;
 pub mod model;
 pub mod pool;
@@ -135,6 +136,8 @@ impl Server {
             ready_rule: ready_rule(repo),
             stopping: Arc::new(AtomicBool::new(false)),
             max_body_bytes: config.http.max_body_bytes,
+            triton_metrics: config.metrics.triton_names,
+            inference_log: inference_log::InferenceLog::start(&config.inference_log, budget.clone()),
             access: access::Access::from_config(&config),
             shm: Arc::new(shm::SharedMemory::new(
                 config.shared_memory.enabled,
@@ -249,6 +252,7 @@ async fn serve_ports(
         access: access::Access::from_config(config),
         budget: state.budget.clone(),
         shm: state.shm.clone(),
+        inference_log: state.inference_log.clone(),
     };
     let grpc_port = transport::Port {
         name: "gRPC",

@@ -3,6 +3,8 @@
 //! Labels: `model` (a model of the repository, so bounded), and small closed
 //! sets (`protocol`, `status`, `trigger`, `result`, `reason`).
 
+pub mod triton;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
@@ -39,6 +41,7 @@ pub const TLS_RELOADS: &str = "sluice_tls_reloads_total";
 pub const SEQUENCES_LIVE: &str = "sluice_sequences_live";
 pub const SEQUENCES_ENDED: &str = "sluice_sequences_ended_total";
 pub const SEQUENCE_STATE: &str = "sluice_sequence_state_bytes";
+pub const INFERENCE_LOG: &str = "sluice_inference_log_events_total";
 pub const TLS_EXPIRATION: &str = "sluice_tls_certificate_expiration_timestamp_seconds";
 
 /// Label value for requests to a model the registry does not know (keeps
@@ -228,6 +231,11 @@ fn describe_models() {
         MODEL_EVICTIONS,
         Unit::Count,
         "Times the model was unloaded to make room for another under the residency budgets."
+    );
+    describe_counter!(
+        INFERENCE_LOG,
+        Unit::Count,
+        "Inference log events by result: `sent` (the sink took it), `failed` (the sink refused it, was down or too slow), `dropped` (its queue or the byte budget was full)."
     );
     describe_gauge!(
         RESIDENCY_BUDGET,
@@ -445,6 +453,11 @@ pub fn sequence_ended(model: &str, reason: &'static str) {
 /// `model` was unloaded to make room for another.
 pub fn model_eviction(model: &str) {
     counter!(MODEL_EVICTIONS, "model" => model.to_string()).increment(1);
+}
+
+/// An inference log event's fate (`sent`, `failed`, `dropped`).
+pub fn inference_log(result: &'static str) {
+    counter!(INFERENCE_LOG, "result" => result).increment(1);
 }
 
 /// A request waited `waited` for `model` to load.

@@ -49,11 +49,25 @@ async fn manifests_validate_and_every_metric_they_use_exists() {
     add_model(repo.path(), "digits", "broken", r#"{"max_batch_sise": 4}"#);
     let s = TestServer::start(repo.path()).await;
 
-    // One V2 infer on digits first: its counters and histograms exist from then on.
+    // V2 infers on digits first: its counters and histograms exist from then
+    // on, and after a few runs its fitted batch cost and predicted queue wait
+    // (what deploy/autoscaling scales on).
     let row = fixture("digits_expected.json")["inputs"][0].clone();
     let body = json!({"inputs": [v2_input("input", "FP32", &[1, 64], row)]});
-    let (st, r) = s.post("/v2/models/digits/infer", &body).await;
-    assert_eq!(st, 200, "{r}");
+    let t0 = std::time::Instant::now();
+    loop {
+        let (st, r) = s.post("/v2/models/digits/infer", &body).await;
+        assert_eq!(st, 200, "{r}");
+        let m = common::prometheus::Metrics::scrape(&s).await;
+        if m.has("sluice_queue_wait_predicted_seconds", &[("model", "digits")]) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "digits' predicted queue wait never appeared"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // One MiniLM sequence: sluice_batch_padding_ratio exists from then on.
     let inputs = [
         v2_input("input_ids", "INT64", &[1, 3], json!([101, 2000, 102])),

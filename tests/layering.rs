@@ -22,6 +22,7 @@ const LAYERS: &[&[&str]] = &[
         "tls",
         "telemetry",
         "shm",
+        "inference_log",
     ],
     // Both ports' connections (HTTP and gRPC plug their services in).
     &["transport"],
@@ -43,6 +44,9 @@ const SAME_LAYER_OK: &[(&str, &str)] = &[
     ("tls", "metrics"),
     // A shared-memory input's bytes are reserved before they are copied.
     ("shm", "budget"),
+    // The inference log holds its events' bytes in the budget and counts them.
+    ("inference_log", "budget"),
+    ("inference_log", "metrics"),
 ];
 
 fn layer(module: &str) -> Option<usize> {

@@ -60,6 +60,38 @@ pub struct BatchTimes {
     pub output: Duration,
 }
 
+/// Why a request failed, as Triton's `nv_inference_request_failure` labels it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailReason {
+    /// Refused or timed out by the scheduler (queue full, predicted late, deadline).
+    Rejected,
+    /// Cancelled (the server shutting down).
+    Canceled,
+    /// The model's run failed.
+    Backend,
+    /// Anything else (a request that does not fit the model).
+    Other,
+}
+
+impl FailReason {
+    pub const ALL: [FailReason; 4] = [
+        FailReason::Rejected,
+        FailReason::Canceled,
+        FailReason::Backend,
+        FailReason::Other,
+    ];
+
+    /// Triton's label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailReason::Rejected => "REJECTED",
+            FailReason::Canceled => "CANCELED",
+            FailReason::Backend => "BACKEND",
+            FailReason::Other => "OTHER",
+        }
+    }
+}
+
 /// One model's cumulative statistics. Shared (`Arc`) by the model's
 /// [`Batcher`](crate::batcher::Batcher) handle, its batching task and its
 /// batch tasks; every method takes `&self`.
@@ -67,6 +99,8 @@ pub struct BatchTimes {
 pub struct ModelStats {
     success: Counter,
     fail: Counter,
+    /// Failures by [`FailReason`] (in `FailReason::ALL`'s order).
+    fail_reasons: [AtomicU64; 4],
     queue: Counter,
     compute_input: Counter,
     compute_infer: Counter,
@@ -88,9 +122,24 @@ impl ModelStats {
         ModelStats::default()
     }
 
-    /// A request was answered (`ok`) or failed, `took` after its arrival.
-    pub fn request_done(&self, ok: bool, took: Duration) {
-        if ok { &self.success } else { &self.fail }.add(1, took);
+    /// A request was answered (`Ok`) or failed (with why), `took` after its arrival.
+    pub fn request_done(&self, outcome: Result<(), FailReason>, took: Duration) {
+        match outcome {
+            Ok(()) => self.success.add(1, took),
+            Err(why) => {
+                self.fail.add(1, took);
+                let i = FailReason::ALL.iter().position(|r| *r == why).unwrap_or(3);
+                self.fail_reasons[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Failures so far, by reason.
+    pub fn failures(&self) -> [(FailReason, u64); 4] {
+        FailReason::ALL.map(|r| {
+            let i = FailReason::ALL.iter().position(|x| *x == r).unwrap_or(3);
+            (r, self.fail_reasons[i].load(Ordering::Relaxed))
+        })
     }
 
     /// A request (or one chunk of an oversize request) left the queue for a
@@ -201,9 +250,11 @@ mod tests {
             output: ms(2),
         };
         s.executed(3, 5, t);
-        s.request_done(true, ms(20));
-        s.request_done(true, ms(21));
-        s.request_done(false, ms(5));
+        s.request_done(Ok(()), ms(20));
+        s.request_done(Ok(()), ms(21));
+        s.request_done(Err(FailReason::Backend), ms(5));
+        assert_eq!(s.failures()[2], (FailReason::Backend, 1));
+        assert_eq!(s.failures().iter().map(|f| f.1).sum::<u64>(), 1);
         let snap = s.snapshot("m", "1");
         assert_eq!(snap.inference_count, 5);
         assert_eq!(snap.execution_count, 1);

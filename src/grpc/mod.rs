@@ -42,6 +42,8 @@ pub struct GrpcState {
     pub access: crate::access::Access,
     /// Bytes held by accepted requests, shared with the HTTP port.
     pub budget: crate::budget::ByteBudget,
+    /// The HTTP port's inference log, if any.
+    pub inference_log: Option<std::sync::Arc<crate::inference_log::InferenceLog>>,
     /// The registered shared-memory regions, shared with the HTTP port.
     pub shm: std::sync::Arc<crate::shm::SharedMemory>,
 }

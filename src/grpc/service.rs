@@ -55,6 +55,7 @@ impl InferenceService {
         let arrival = Instant::now();
         let name = req.model_name.clone();
         let span = telemetry::request_span("grpc", &name, parent);
+        let log = GrpcLog::new(self.state.inference_log.as_deref(), &name, &req);
         let result = async {
             // The message is already decoded, so this bounds what accepted
             // gRPC requests hold together with the HTTP port's.
@@ -71,10 +72,14 @@ impl InferenceService {
             self.state.shm.write_outputs(&resp, &in_shm)?;
             let answer = telemetry::encode(|| crate::protocol::grpc::encode_response(&resp, &in_shm));
             let bytes = self.state.budget.charge(prost::Message::encoded_len(&answer));
+            log.answer(&answer);
             Ok((answer, HeldUntilSent::new(held, bytes)))
         }
         .instrument(span.clone())
         .await;
+        if let Err(e) = &result {
+            log.error(e);
+        }
         telemetry::finish(&span, result.as_ref().err());
         observe(&self.state.registry, &name, arrival, &result);
         result
@@ -423,5 +428,77 @@ impl GrpcInferenceService for InferenceService {
     ) -> Answer<CudaSharedMemoryUnregisterResponse> {
         self.state.allow(&req, Scope::Inference)?;
         Ok(Response::new(CudaSharedMemoryUnregisterResponse {}))
+    }
+}
+
+/// One gRPC request's events in the inference log: the messages as
+/// protobuf bytes (`application/x-protobuf`), errors as JSON with their
+/// gRPC status code.
+struct GrpcLog<'a> {
+    log: Option<&'a crate::inference_log::InferenceLog>,
+    model: &'a str,
+    id: String,
+}
+
+impl<'a> GrpcLog<'a> {
+    /// Logs the request, when its model is logged.
+    fn new(
+        log: Option<&'a crate::inference_log::InferenceLog>,
+        model: &'a str,
+        req: &ModelInferRequest,
+    ) -> Self {
+        use crate::inference_log::{InferenceLog, Kind};
+        let log = log.filter(|l| l.wants(model, Kind::Request) || l.wants(model, Kind::Response));
+        let id = match log {
+            Some(_) => InferenceLog::id(Some(&req.id)),
+            None => String::new(),
+        };
+        if let Some(l) = log.filter(|l| l.wants(model, Kind::Request)) {
+            let body = prost::Message::encode_to_vec(req).into();
+            l.log(
+                Kind::Request,
+                &id,
+                model,
+                "grpc",
+                "application/x-protobuf",
+                None,
+                body,
+            );
+        }
+        GrpcLog { log, model, id }
+    }
+
+    fn answer(&self, answer: &ModelInferResponse) {
+        use crate::inference_log::Kind;
+        if let Some(l) = self.log.filter(|l| l.wants(self.model, Kind::Response)) {
+            let body = prost::Message::encode_to_vec(answer).into();
+            l.log(
+                Kind::Response,
+                &self.id,
+                self.model,
+                "grpc",
+                "application/x-protobuf",
+                Some(200),
+                body,
+            );
+        }
+    }
+
+    fn error(&self, e: &Error) {
+        if let Some(l) = self.log {
+            // gRPC's own status code (3: INVALID_ARGUMENT, 14: UNAVAILABLE, ...).
+            let status = super::status::code_of(e.kind()) as u16;
+            let body = serde_json::json!({ "error": e.to_string() }).to_string().into();
+            let kind = crate::inference_log::Kind::Response;
+            l.log(
+                kind,
+                &self.id,
+                self.model,
+                "grpc",
+                "application/json",
+                Some(status),
+                body,
+            );
+        }
     }
 }

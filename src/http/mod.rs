@@ -166,9 +166,20 @@ async fn guard(
 async fn render_metrics(
     axum::extract::State(state): axum::extract::State<AppState>,
 ) -> impl axum::response::IntoResponse {
+    let mut text = state.metrics.render();
+    if state.triton_metrics {
+        let rows: Vec<_> = state
+            .registry
+            .list()
+            .into_iter()
+            .filter(|e| e.state == crate::model::state::ModelState::Ready)
+            .filter_map(|e| e.handle.map(|h| h.triton_metrics()))
+            .collect();
+        crate::metrics::triton::render(&rows, &mut text);
+    }
     (
         [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
+        text,
     )
 }
 

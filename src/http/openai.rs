@@ -61,18 +61,24 @@ pub async fn embeddings(
     };
     let name = req.model.clone();
     let span = telemetry::request_span("openai", &name, &request::trace_parent(&headers));
+    let log = request::InferLog::new(&state, &name, "openai", &headers);
+    log.request(&headers, &bytes);
     let result = async {
         let model = state.registry.serve(&name, None, arrival).await?;
         let out = model
             .embed(req.input, req.dimensions, Schedule::default(), arrival)
             .await?;
         let vectors: Vec<&[f32]> = out.vectors.chunks_exact(out.dim.max(1)).collect();
-        let body = openai::encode(&name, &vectors, req.base64, out.tokens);
-        Ok::<_, Error>(body.to_string())
+        let body = Bytes::from(openai::encode(&name, &vectors, req.base64, out.tokens).to_string());
+        log.answer("application/json", &body);
+        Ok::<_, Error>(body)
     }
     .instrument(span.clone())
     .await;
     drop(held);
+    if let Err(e) = &result {
+        log.error(e);
+    }
     telemetry::finish(&span, result.as_ref().err());
     match observe(
         &state.registry,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 
 use super::error::ApiError;
 use crate::access::Scope;
@@ -60,6 +60,90 @@ pub struct SharedState {
     pub budget: crate::budget::ByteBudget,
     /// The registered shared-memory regions, shared with the gRPC port.
     pub shm: Arc<crate::shm::SharedMemory>,
+    /// `/metrics` also shows Triton's names (`[metrics] triton_names`).
+    pub triton_metrics: bool,
+    /// Where inference requests and answers are logged (`[inference_log]`), if anywhere.
+    pub inference_log: Option<Arc<crate::inference_log::InferenceLog>>,
+}
+
+/// One request's events in the inference log (a no-op without a log, or
+/// for a model the log leaves out).
+pub(crate) struct InferLog<'a> {
+    log: Option<&'a crate::inference_log::InferenceLog>,
+    model: &'a str,
+    protocol: &'static str,
+    id: String,
+}
+
+impl<'a> InferLog<'a> {
+    pub(crate) fn new(
+        state: &'a AppState,
+        model: &'a str,
+        protocol: &'static str,
+        headers: &HeaderMap,
+    ) -> Self {
+        use crate::inference_log::{InferenceLog, Kind};
+        let log = state
+            .inference_log
+            .as_deref()
+            .filter(|l| l.wants(model, Kind::Request) || l.wants(model, Kind::Response));
+        let id = match log {
+            Some(_) => InferenceLog::id(headers.get("x-request-id").and_then(|v| v.to_str().ok())),
+            None => String::new(),
+        };
+        InferLog {
+            log,
+            model,
+            protocol,
+            id,
+        }
+    }
+
+    /// Logs the request's body as received.
+    pub(crate) fn request(&self, headers: &HeaderMap, body: &Bytes) {
+        if let Some(log) = self.log {
+            let ct = headers
+                .get(axum::http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("application/json");
+            let kind = crate::inference_log::Kind::Request;
+            log.log(kind, &self.id, self.model, self.protocol, ct, None, body.clone());
+        }
+    }
+
+    /// Logs the answer's body as sent (`content_type`, status 200).
+    pub(crate) fn answer(&self, content_type: &str, body: &Bytes) {
+        if let Some(log) = self.log {
+            let kind = crate::inference_log::Kind::Response;
+            log.log(
+                kind,
+                &self.id,
+                self.model,
+                self.protocol,
+                content_type,
+                Some(200),
+                body.clone(),
+            );
+        }
+    }
+
+    /// Logs an error answer: its status and JSON body.
+    pub(crate) fn error(&self, e: &Error) {
+        if let Some(log) = self.log {
+            let status = super::error::status_of(e.kind()).as_u16();
+            let body = serde_json::json!({ "error": e.to_string() }).to_string();
+            let kind = crate::inference_log::Kind::Response;
+            log.log(
+                kind,
+                &self.id,
+                self.model,
+                self.protocol,
+                "application/json",
+                Some(status),
+                body.into(),
+            );
+        }
+    }
 }
 
 impl SharedState {

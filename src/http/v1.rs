@@ -65,9 +65,11 @@ pub async fn predict(
         }
     };
     let span = telemetry::request_span("v1", name, &request::trace_parent(&headers));
+    let log = request::InferLog::new(&state, name, "v1", &headers);
     let result = async {
         admission.check()?;
         let bytes = body_bytes(body, state.max_body_bytes)?;
+        log.request(&headers, &bytes);
         let body_len = bytes.len();
         let model = state.registry.serve(name, None, arrival).await?;
         let m = model.clone();
@@ -78,6 +80,8 @@ pub async fn predict(
         let resp = model.infer(req, arrival).await?;
         let body = telemetry::encode(|| serde_json::to_vec(&v1::encode(&resp)))
             .map_err(|e| Error::Internal(format!("a V1 response did not serialize: {e}")))?;
+        let body = Bytes::from(body);
+        log.answer("application/json", &body);
         Ok((
             [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
             body,
@@ -86,6 +90,9 @@ pub async fn predict(
     }
     .instrument(span.clone())
     .await;
+    if let Err(ApiError(e)) = &result {
+        log.error(e);
+    }
     telemetry::finish(&span, result.as_ref().err().map(|e: &ApiError| &e.0));
     observe(&state.registry, name, "v1", arrival, result)
 }

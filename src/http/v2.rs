@@ -125,9 +125,11 @@ async fn answer_infer(
 ) -> Result<Response, ApiError> {
     let arrival = Instant::now();
     let span = telemetry::request_span("v2", &p.name, &request::trace_parent(headers));
-    let result = async {
+    let log = request::InferLog::new(state, &p.name, "v2", headers);
+    let result: Result<Response, ApiError> = async {
         admission.check()?;
         let bytes = body?;
+        log.request(headers, &bytes);
         let body_len = bytes.len();
         let model = state
             .registry
@@ -154,24 +156,30 @@ async fn answer_infer(
         let resp = model.infer(decoded.request, arrival).await?;
         state.shm.write_outputs(&resp, &decoded.outputs.shm)?;
         let encoded = telemetry::encode(|| v2_binary::encode_response(&resp, &decoded.outputs));
-        Ok(infer_response(encoded))
+        Ok(infer_response(encoded, &log))
     }
     .instrument(span.clone())
     .await;
+    if let Err(ApiError(e)) = &result {
+        log.error(e);
+    }
     telemetry::finish(&span, result.as_ref().err().map(|e: &ApiError| &e.0));
     observe(&state.registry, &p.name, "v2", arrival, result)
 }
 
 /// The HTTP response for an encoded infer answer: JSON, or JSON followed by
 /// binary data with its header length.
-fn infer_response(enc: EncodedResponse) -> Response {
+fn infer_response(enc: EncodedResponse, log: &request::InferLog<'_>) -> Response {
+    let body = Bytes::from(enc.body);
     let Some(n) = enc.header_length else {
+        log.answer("application/json", &body);
         return (
             [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
-            enc.body,
+            body,
         )
             .into_response();
     };
+    log.answer("application/octet-stream", &body);
     (
         [
             (
@@ -183,7 +191,7 @@ fn infer_response(enc: EncodedResponse) -> Response {
                 HeaderValue::from(n),
             ),
         ],
-        enc.body,
+        body,
     )
         .into_response()
 }

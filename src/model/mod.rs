@@ -344,9 +344,8 @@ impl ModelHandle {
     ) -> Result<InferResponse> {
         let _inside = Inside::enter(&self.activity);
         let result = work.await;
-        self.batcher
-            .stats()
-            .request_done(result.is_ok(), arrival.elapsed());
+        let outcome = result.as_ref().map(|_| ()).map_err(fail_reason);
+        self.batcher.stats().request_done(outcome, arrival.elapsed());
         result
     }
 
@@ -421,5 +420,17 @@ impl ModelHandle {
             outputs: tensors,
             batch_id: tag.id,
         })
+    }
+}
+
+/// How Triton's failure metric labels an error.
+fn fail_reason(e: &Error) -> crate::batcher::stats::FailReason {
+    use crate::batcher::stats::FailReason;
+    use crate::error::ErrorKind as K;
+    match e.kind() {
+        K::Overloaded | K::DeadlineExceeded => FailReason::Rejected,
+        K::ShuttingDown => FailReason::Canceled,
+        K::Runtime | K::Internal => FailReason::Backend,
+        _ => FailReason::Other,
     }
 }

@@ -94,6 +94,28 @@ impl ModelHandle {
         c
     }
 
+    /// Its figures under Triton's metric names (`nv_inference_*`).
+    pub fn triton_metrics(&self) -> crate::metrics::triton::Row {
+        let s = self.batcher().stats();
+        let snap = s.snapshot(&self.name, self.stats_version());
+        let st = &snap.inference_stats;
+        let us = |ns: u64| ns / 1000;
+        crate::metrics::triton::Row {
+            model: snap.name,
+            version: snap.version,
+            success: st.success.count,
+            failures: s.failures().iter().map(|(r, n)| (r.as_str(), *n)).collect(),
+            inference_count: snap.inference_count,
+            exec_count: snap.execution_count,
+            request_us: us(st.success.ns),
+            queue_us: us(st.queue.ns),
+            compute_input_us: us(st.compute_input.ns),
+            compute_infer_us: us(st.compute_infer.ns),
+            compute_output_us: us(st.compute_output.ns),
+            pending: self.batcher().queued() as u64,
+        }
+    }
+
     /// The version the statistics extension reports: the model's version, or
     /// "1" when it has none (perf_analyzer parses it as a number).
     pub fn stats_version(&self) -> &str {

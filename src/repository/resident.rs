@@ -225,7 +225,11 @@ impl Repository {
         // A pipeline's steps go with it: each is as recently used as the
         // pipelines that run it, and busy while one of them is.
         let mut held: std::collections::HashMap<String, (Instant, bool)> = Default::default();
-        for h in self.tracked.values().filter_map(|t| Some(&t.phase.serving()?.handle)) {
+        for h in self
+            .tracked
+            .values()
+            .filter_map(|t| Some(&t.phase.serving()?.handle))
+        {
             let Some(p) = h.pipeline() else { continue };
             let (last, busy) = (h.activity().last_active(), h.activity().busy());
             for step in p.step_models() {
@@ -238,7 +242,10 @@ impl Repository {
             .filter(|t| Some(t.folder.as_str()) != except)
             .filter_map(|t| {
                 let h = &t.phase.serving()?.handle;
-                let (by_pipeline, pipeline_busy) = held.get(&t.name).copied().unwrap_or((h.activity().last_active(), false));
+                let (by_pipeline, pipeline_busy) = held
+                    .get(&t.name)
+                    .copied()
+                    .unwrap_or((h.activity().last_active(), false));
                 Some(Loaded {
                     name: t.folder.clone(),
                     charge: charged(t, h),

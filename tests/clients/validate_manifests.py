@@ -60,6 +60,14 @@ KSERVE_CRDS = {
         "57c3bf13f77de94678bf2ae3748056ec071ad2b9e88d6a28f44fb4710758fcff",
     ),
 }
+
+# tests/fixtures/keda/: the ScaledObject CRD of kedacore/keda, as KSERVE_CRDS.
+KEDA_CRDS = {
+    ("keda.sh/v1alpha1", "ScaledObject"): (
+        "keda.sh_scaledobjects.yaml",
+        "207afc4ca44fd9e3f4bbfb1c8fae08f3a365e098a52714fe8eb672bbd239cbcd",
+    ),
+}
 # The protocol versions KServe knows (pkg/constants: v1, v2, grpc-v1, grpc-v2).
 KSERVE_PROTOCOLS = {"v1", "v2", "grpc-v1", "grpc-v2"}
 # The seed's KServe batcher values: maxBatchSize 32, maxLatency 500 ms.
@@ -144,10 +152,10 @@ def strict_schema(schema):
 
 
 def crd_schema(fixtures, api_version, kind):
-    file, sha = KSERVE_CRDS[(api_version, kind)]
+    file, sha = {**KSERVE_CRDS, **KEDA_CRDS}[(api_version, kind)]
     path = fixtures / file
     data = path.read_bytes()
-    if not check(hashlib.sha256(data).hexdigest() == sha, f"{path.name}: sha256 as in tests/fixtures/kserve/README.md"):
+    if not check(hashlib.sha256(data).hexdigest() == sha, f"{path.name}: sha256 as in tests/fixtures/{path.parent.name}/README.md"):
         return None
     crd = yaml.load(data, Loader=SafeLoader)
     group, version = api_version.split("/")
@@ -514,13 +522,86 @@ def check_metrics(uses_by_source, samples, root):
             on = [n for n in names if n not in PROMETHEUS_SERIES]
             missing = [n for n in on if n in samples and label not in samples[n]]
             check(not missing, f"{source}: the metrics grouped by {label} have that label", ", ".join(missing))
-    exported = {family(n) for n in samples if n.startswith("sluice_")}
+    exported = {family(n) for n in samples if n.startswith("sluice_") or n.startswith("nv_")}
     unused = sorted(exported - used_families)
     print(f"note  sluice metric families in /metrics: {len(exported)}; not used by the dashboard or alerts: {unused or 'none'}")
 
 
+def check_autoscaling(root, uses_by_source):
+    """deploy/autoscaling/: the KEDA ScaledObject against KEDA's CRD, the HPA
+    and the adapter's ConfigMap against Kubernetes' schemas, and every query
+    they hold parses (the adapter's templates filled in as it fills them)."""
+    folder = root / "deploy/autoscaling"
+    docs = {}
+    for path in sorted(folder.glob("*.yaml")):
+        for doc in load_yaml_docs(path):
+            if doc.get("apiVersion", "").startswith("keda.sh/"):
+                validate_crd_object(doc, path.name, root / "tests/fixtures/keda")
+            else:
+                validate_core(doc, path.name)
+            docs[doc.get("kind")] = doc
+    queries = []
+    so = docs.get("ScaledObject", {})
+    check(so.get("spec", {}).get("scaleTargetRef", {}).get("name") == "sluice", "the ScaledObject scales the sluice Deployment")
+    for t in so.get("spec", {}).get("triggers", []):
+        check(t.get("type") == "prometheus", "the ScaledObject's trigger is KEDA's Prometheus scaler")
+        queries.append(("ScaledObject trigger", t.get("metadata", {}).get("query", "")))
+        check(float(t["metadata"].get("threshold", "nan")) > 0, "the trigger has a threshold")
+    hpa = docs.get("HorizontalPodAutoscaler", {})
+    check(hpa.get("spec", {}).get("scaleTargetRef", {}).get("name") == "sluice", "the HPA scales the sluice Deployment")
+    served = set()
+    cm = docs.get("ConfigMap", {})
+    rules = yaml.safe_load(cm.get("data", {}).get("config.yaml", "{}")).get("rules", [])
+    check(bool(rules), "the adapter's ConfigMap holds rules")
+    for r in rules:
+        series = r.get("seriesQuery", "")
+        metric = re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", series).group(0)
+        served.add(r.get("name", {}).get("as"))
+        queries.append((f"adapter rule {metric} seriesQuery", series))
+        filled = (r.get("metricsQuery", "").replace("<<.Series>>", metric)
+                  .replace("<<.LabelMatchers>>", 'namespace="default",pod=~"sluice-.*"').replace("<<.GroupBy>>", "pod"))
+        queries.append((f"adapter rule {metric} metricsQuery", filled))
+    for path in sorted((root / "deploy/kserve").glob("*.yaml")):
+        for doc in load_yaml_docs(path):
+            for m in doc.get("spec", {}).get("predictor", {}).get("autoScaling", {}).get("metrics", []):
+                q = m.get("external", {}).get("metric", {}).get("query")
+                if q:
+                    queries.append((f"{path.name} autoScaling query", q))
+    for m in hpa.get("spec", {}).get("metrics", []):
+        name = m.get("pods", {}).get("metric", {}).get("name")
+        check(name in served, f"the HPA's metric {name} is one the adapter's rules serve", str(sorted(served)))
+    for where, q in queries:
+        try:
+            uses = analyse(q)
+        except Exception as e:
+            check(False, f"{where}: PromQL parses", f"{q}: {e}")
+            continue
+        check(True, f"{where}: PromQL parses")
+        uses_by_source.append((where, uses))
+
+
+def check_triton_dashboard(root, uses_by_source):
+    """Triton's own dashboard (deploy/k8s-onprem/dashboard.json of
+    triton-inference-server/server, vendored in tests/fixtures/triton/):
+    every query parses, and every series it reads is one sluice serves,
+    but the GPU's (nv_gpu_*: sluice reads no NVML)."""
+    dash = json.loads((root / "tests/fixtures/triton/dashboard.json").read_text())
+    for where, expr, _ in grafana_exprs(dash):
+        try:
+            uses = analyse(expr)
+        except Exception as e:
+            check(False, f"Triton's dashboard {where}: PromQL parses", f"{expr}: {e}")
+            continue
+        if any(n.startswith("nv_gpu_") for n in uses.names()):
+            print(f"note  Triton's dashboard {where}: stays empty on sluice (nv_gpu_*: no NVML)")
+            continue
+        uses_by_source.append((f"Triton's dashboard {where}", uses))
+
+
 def check_promql(root, metrics_url, extra_exprs):
     uses_by_source = []
+    check_autoscaling(root, uses_by_source)
+    check_triton_dashboard(root, uses_by_source)
     dash_path = root / "deploy/grafana/sluice.json"
     dash = json.loads(dash_path.read_text())
     check(dash.get("schemaVersion", 0) >= 36, f"{dash_path.name}: schemaVersion {dash.get('schemaVersion')} (Grafana 9+)")

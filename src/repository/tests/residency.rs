@@ -358,7 +358,13 @@ async fn a_pipelines_later_step_is_not_evicted_while_an_earlier_one_runs() {
         format!("k=3 bytes={}", 4 * GB),
         format!("k=4 bytes={}", 4 * GB),
     );
-    let f = Arc::new(start(&[("s", &slow), ("a", &a), ("b", &b), ("c", &c)], budget(ResidencyMode::OnDemand, 10)).await);
+    let f = Arc::new(
+        start(
+            &[("s", &slow), ("a", &a), ("b", &b), ("c", &c)],
+            budget(ResidencyMode::OnDemand, 10),
+        )
+        .await,
+    );
     // `pp` runs `s`, then `a`; its tensors are declared (its steps are not
     // loaded when it loads).
     std::fs::create_dir(f.dir.path().join("pp")).unwrap();
@@ -385,6 +391,9 @@ async fn a_pipelines_later_step_is_not_evicted_while_an_earlier_one_runs() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(f.ask("c").await.unwrap(), 4.0);
     let resident = f.resident();
-    assert!(resident.contains(&"a".to_string()) && !resident.contains(&"b".to_string()), "{resident:?}");
+    assert!(
+        resident.contains(&"a".to_string()) && !resident.contains(&"b".to_string()),
+        "{resident:?}"
+    );
     assert_eq!(piped.await.unwrap().unwrap(), 10.0, "5x, then 2x");
 }

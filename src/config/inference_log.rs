@@ -1,0 +1,77 @@
+//! The `[inference_log]` section: KServe's inference logger (see
+//! `crate::inference_log`).
+
+use serde::{Deserialize, Serialize};
+
+/// Which events are logged (KServe's logger `mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogMode {
+    /// Each request and its answer.
+    #[default]
+    All,
+    Request,
+    Response,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InferenceLogConfig {
+    /// The sink events are POSTed to (`http://` or `https://`); unset: no log.
+    pub url: Option<String>,
+    /// `all`, `request` or `response`.
+    pub mode: LogMode,
+    /// The models logged; empty: every model.
+    pub models: Vec<String>,
+    /// Events waiting for the sink at most; more are dropped (counted).
+    pub queue_events: usize,
+    /// Events posted at once.
+    pub concurrency: usize,
+    /// Seconds one post may take before it counts as failed.
+    pub timeout_seconds: f64,
+    /// `ce-source`.
+    pub source: String,
+    /// `ce-inferenceservicename`; unset: the model's name.
+    pub inference_service_name: Option<String>,
+    /// `ce-namespace`; unset: `POD_NAMESPACE` (the Downward API's), else empty.
+    pub namespace: Option<String>,
+    /// `ce-endpoint` (KServe's `default` or `canary`).
+    pub endpoint: String,
+}
+
+impl Default for InferenceLogConfig {
+    fn default() -> Self {
+        InferenceLogConfig {
+            url: None,
+            mode: LogMode::All,
+            models: Vec::new(),
+            queue_events: 1024,
+            concurrency: 4,
+            timeout_seconds: 5.0,
+            source: "http://localhost:9081/".into(),
+            inference_service_name: None,
+            namespace: None,
+            endpoint: "default".into(),
+        }
+    }
+}
+
+impl InferenceLogConfig {
+    /// Checks the values; the error names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(url) = &self.url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!(
+                    "inference_log.url {url:?} must start with http:// or https://"
+                ));
+            }
+        }
+        if self.queue_events == 0 || self.concurrency == 0 {
+            return Err("inference_log.queue_events and inference_log.concurrency must be at least 1".into());
+        }
+        if !(self.timeout_seconds > 0.0 && self.timeout_seconds.is_finite()) {
+            return Err("inference_log.timeout_seconds must be a number of seconds above 0".into());
+        }
+        Ok(())
+    }
+}
