@@ -81,14 +81,23 @@ def main():
     try:
         sat = sb.saturation()
         print(json.dumps({"saturation_per_s": round(sat, 1)}), flush=True)
+        keys = ["predicted_wait_s", "pending", "avg_queue_us", "utilisation"]
+        medians = {}
         for load in [0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5]:
             results, samples = sampled(sat * load, args.seconds)
             good = sum(1 for r in results if r[2] == 200 and r[3] <= args.timeout)
             line = {"load": load, "goodput_share": round(good / max(1, len(results)), 3)}
-            for k in ["predicted_wait_s", "pending", "avg_queue_us", "utilisation"]:
+            for k in keys:
                 v = sorted(s[k] for s in samples[2:])  # the first second settles
                 line[k] = [round(statistics.median(v), 4), round(v[int(0.9 * (len(v) - 1))], 4)] if v else None
+                medians.setdefault(k, {})[load] = statistics.median(v) if v else float("nan")
             print(json.dumps(line), flush=True)
+        # Separation: the least overloaded median over the most of the
+        # loads that keep up (above 1: the signal tells them apart).
+        for k in keys:
+            low = max(v for l, v in medians[k].items() if l <= 0.9)
+            high = min(v for l, v in medians[k].items() if l >= 1.1)
+            print(json.dumps({"signal": k, "separation": round(high / low, 2) if low > 0 else None}), flush=True)
     finally:
         server.terminate()
         server.wait()
