@@ -11,7 +11,7 @@
 //! once a minute): a sink that is slow or down never slows or fails inference.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -58,8 +58,9 @@ pub struct InferenceLog {
     /// Empty: every model.
     models: Vec<String>,
     budget: ByteBudget,
-    /// When the last "dropped" line was logged (at most one a minute).
-    last_warned: Mutex<Option<Instant>>,
+    started: Instant,
+    /// The minute since `started` of the last "dropped" line (at most one a minute).
+    warned_minute: AtomicU64,
 }
 
 /// The ids of events whose request named none: unique in this process.
@@ -92,7 +93,8 @@ impl InferenceLog {
             mode: cfg.mode,
             models: cfg.models.clone(),
             budget,
-            last_warned: Mutex::new(None),
+            started: Instant::now(),
+            warned_minute: AtomicU64::new(0),
         }))
     }
 
@@ -132,6 +134,10 @@ impl InferenceLog {
         if !self.wants(model, kind) {
             return;
         }
+        // A full queue (a sink down or slow) costs a counter, not an event.
+        if self.tx.capacity() == 0 {
+            return self.dropped("its queue (inference_log.queue_events) is full: the sink is slow or down");
+        }
         let Ok(held) = self.budget.reserve(body.len()) else {
             return self.dropped("the byte budget (http.max_inflight_bytes) is full");
         };
@@ -152,9 +158,9 @@ impl InferenceLog {
 
     fn dropped(&self, why: &str) {
         metrics::inference_log("dropped");
-        let mut last = self.last_warned.lock().unwrap_or_else(|e| e.into_inner());
-        if last.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
-            *last = Some(Instant::now());
+        // At most one line a minute, without a lock.
+        let minute = self.started.elapsed().as_secs() / 60 + 1;
+        if self.warned_minute.swap(minute, Ordering::Relaxed) != minute {
             tracing::warn!(
                 "inference log: events dropped: {why} (sluice_inference_log_events_total counts them)"
             );
@@ -179,17 +185,31 @@ impl Sink {
     async fn run(self, mut rx: mpsc::Receiver<Event>, concurrency: usize) {
         let sink = Arc::new(self);
         let slots = Arc::new(Semaphore::new(concurrency));
+        // Failures in a row: after one, the sender pauses (100 ms, doubling
+        // to 5 s), so that a sink that is down costs one failed post per
+        // pause, not one per event; meanwhile events wait in the queue, and
+        // once it is full are dropped at its door, for the price of a counter.
+        let failures = Arc::new(AtomicU64::new(0));
         while let Some(event) = rx.recv().await {
+            let n = failures.load(Ordering::Relaxed);
+            if n > 0 {
+                let pause = Duration::from_millis(100 << n.min(6)).min(Duration::from_secs(5));
+                tokio::time::sleep(pause).await;
+            }
             let Ok(slot) = slots.clone().acquire_owned().await else {
                 break;
             };
-            let sink = sink.clone();
+            let (sink, failures) = (sink.clone(), failures.clone());
             tokio::spawn(async move {
                 let result = sink.post(&event).await;
                 drop(slot);
                 match result {
-                    Ok(()) => metrics::inference_log("sent"),
+                    Ok(()) => {
+                        failures.store(0, Ordering::Relaxed);
+                        metrics::inference_log("sent");
+                    }
                     Err(e) => {
+                        failures.fetch_add(1, Ordering::Relaxed);
                         metrics::inference_log("failed");
                         tracing::debug!(model = %event.model, "inference log: the sink refused an event: {e}");
                     }

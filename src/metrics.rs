@@ -455,9 +455,18 @@ pub fn model_eviction(model: &str) {
     counter!(MODEL_EVICTIONS, "model" => model.to_string()).increment(1);
 }
 
-/// An inference log event's fate (`sent`, `failed`, `dropped`).
+/// An inference log event's fate (`sent`, `failed`, `dropped`). The three
+/// series are registered once: a sink that is down drops events at the
+/// request rate.
 pub fn inference_log(result: &'static str) {
-    counter!(INFERENCE_LOG, "result" => result).increment(1);
+    static SERIES: OnceLock<[Counter; 3]> = OnceLock::new();
+    let [sent, failed, dropped] =
+        SERIES.get_or_init(|| ["sent", "failed", "dropped"].map(|r| counter!(INFERENCE_LOG, "result" => r)));
+    match result {
+        "sent" => sent.increment(1),
+        "failed" => failed.increment(1),
+        _ => dropped.increment(1),
+    }
 }
 
 /// A request waited `waited` for `model` to load.
