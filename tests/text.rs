@@ -44,6 +44,27 @@ async fn reference(texts: &[&str]) -> Vec<Vec<f64>> {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// What `tests/clients/<script> <arg>` prints (JSON) for `input` on its stdin.
+fn python_json<T: serde::de::DeserializeOwned>(script: &str, arg: &Path, input: &Value) -> T {
+    use std::io::Write;
+    let mut child = Command::new(python())
+        .arg(root().join("tests/clients").join(script))
+        .arg(arg)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{script} failed");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn cosine(a: &[f64], b: &[f64]) -> f64 {
     let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
     let n = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
@@ -368,26 +389,11 @@ async fn a_triton_ensemble_of_two_onnx_models_answers_as_the_two_in_turn() {
             )
         })
         .collect();
-    let mut cmd = Command::new(python());
-    cmd.arg(root().join("tests/clients/ensemble_models.py"))
-        .arg(repo.path());
-    let want: Vec<(Vec<i32>, Vec<i32>)> = {
-        use std::io::Write;
-        let mut child = cmd
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(serde_json::to_string(&pairs).unwrap().as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success());
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
+    let want: Vec<(Vec<i32>, Vec<i32>)> = python_json(
+        "ensemble_models.py",
+        repo.path(),
+        &serde_json::to_value(&pairs).unwrap(),
+    );
     let ens = repo.path().join("add_then_scale");
     std::fs::create_dir_all(ens.join("1")).unwrap();
     std::fs::write(
@@ -470,26 +476,7 @@ async fn an_op_library_model_answers_as_python_with_the_same_library() {
     let folder = repo.path().join("upper");
     std::fs::create_dir_all(&folder).unwrap();
     let texts = ["hello", "Grüße aus Köln", "", "MiXeD 123"];
-    let mut cmd = Command::new(python());
-    cmd.arg(root().join("tests/clients/op_library_model.py"))
-        .arg(folder.join("model.onnx"));
-    let want: Value = {
-        use std::io::Write;
-        let mut child = cmd
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(json!(texts).to_string().as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success());
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
+    let want: Value = python_json("op_library_model.py", &folder.join("model.onnx"), &json!(texts));
 
     // Without the library, `sluice check` names the ops no library provides.
     let out = sluice().arg("check").arg(&folder).output().unwrap();
