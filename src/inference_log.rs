@@ -250,7 +250,7 @@ impl Sink {
     }
 }
 
-/// An HTTP date (`Sun, 29 Nov 2026 09:15:31 GMT`) as RFC 3339 (`2026-11-29T09:15:31Z`).
+/// An HTTP date (`Thu, 01 Jan 1970 00:00:00 GMT`) as RFC 3339 (`1970-01-01T00:00:00Z`).
 fn rfc3339_of(http_date: &str) -> String {
     let Ok(t) = httpdate::parse_http_date(http_date) else {
         return String::new();

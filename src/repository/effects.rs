@@ -102,7 +102,8 @@ impl Repository {
                 return (Event::NoRoom { pinned, error, at }, Err(refusal));
             }
         }
-        match load::build(&self.runtime, &self.pool, &name, &dir, settings, self.steps()).await {
+        let steps = super::pipeline::steps(&self.registry);
+        match load::build(&self.runtime, &self.pool, &name, &dir, settings, steps).await {
             Ok(handle) => {
                 let handle = Arc::new(handle);
                 self.remember(folder, &handle);

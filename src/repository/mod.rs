@@ -218,22 +218,6 @@ impl Repository {
         }
     }
 
-    /// How a pipeline of this repository reaches its steps' models: through
-    /// the registry (weakly: a pipeline does not keep the registry alive).
-    fn steps(&self) -> crate::model::pipeline::Steps {
-        let (a, b) = (Arc::downgrade(&self.registry), Arc::downgrade(&self.registry));
-        crate::model::pipeline::Steps {
-            serve: Arc::new(move |name, version, arrival| {
-                let (registry, name, version) = (a.upgrade(), name.to_string(), version.map(str::to_string));
-                Box::pin(async move {
-                    let registry = registry.ok_or(Error::ShuttingDown)?;
-                    registry.serve(&name, version.as_deref(), arrival).await
-                })
-            }),
-            ready: Arc::new(move |name, version| b.upgrade()?.ready(name, version).ok()),
-        }
-    }
-
     /// Which models stay loaded when they do not all fit (`[residency]`).
     pub fn with_residency(mut self, residency: crate::config::Residency) -> Repository {
         self.residency = residency;

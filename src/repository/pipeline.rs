@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::load::LoadError;
+use super::registry::Registry;
 use crate::batcher::{Batcher, Batching};
 use crate::model::pipeline::{tokenize::Tokenize, Pipeline, Steps};
 use crate::model::{Memory, ModelHandle};
@@ -13,6 +14,22 @@ use crate::pool::{ModelWorkers, Pool};
 use crate::settings::pipeline::StepKind;
 use crate::settings::ModelSettings;
 use crate::tensor::{Signature, TensorSpec};
+
+/// How a pipeline of the repository reaches its steps' models: through the
+/// registry (weakly: a pipeline does not keep the registry alive).
+pub fn steps(registry: &Arc<Registry>) -> Steps {
+    let (a, b) = (Arc::downgrade(registry), Arc::downgrade(registry));
+    Steps {
+        serve: Arc::new(move |name, version, arrival| {
+            let (registry, name, version) = (a.upgrade(), name.to_string(), version.map(str::to_string));
+            Box::pin(async move {
+                let registry = registry.ok_or(crate::error::Error::ShuttingDown)?;
+                registry.serve(&name, version.as_deref(), arrival).await
+            })
+        }),
+        ready: Arc::new(move |name, version| b.upgrade()?.ready(name, version).ok()),
+    }
+}
 
 /// Whether the settings describe a pipeline with no ONNX file of its own.
 pub fn without_file(settings: &ModelSettings) -> bool {

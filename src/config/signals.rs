@@ -1,7 +1,22 @@
-//! The `[inference_log]` section: KServe's inference logger (see
+//! The `[metrics]` and `[inference_log]` sections: the signals other tools
+//! read (Triton's metric names; KServe's inference logger, see
 //! `crate::inference_log`).
 
 use serde::{Deserialize, Serialize};
+
+/// `[metrics]`: what `/metrics` shows besides sluice's own series.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Triton's metric names too (`nv_inference_*`, `nv_cpu_*`), rendered at each scrape.
+    pub triton_names: bool,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig { triton_names: true }
+    }
+}
 
 /// Which events are logged (KServe's logger `mode`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
