@@ -8,7 +8,8 @@
 //! dedicated threads) → [`runtime`] (ONNX Runtime) → [`transport`] (both
 //! ports' connections: caps, timeouts, drain) → [`metrics`], [`budget`],
 //! [`access`], [`shutdown`], [`tls`] (both ports' certificate), [`telemetry`]
-//! (OpenTelemetry spans; off unless the binary installs an exporter) →
+//! (OpenTelemetry spans; off unless the binary installs an exporter),
+//! [`inference_log`] (KServe's CloudEvents to a sink; off unless configured) →
 //! [`config`] → [`settings`] (a model's `model-settings.json`), [`protocol`] →
 //! [`tensor`] → [`error`], [`watch`] (file-change notices for the repository
 //! and the certificate).

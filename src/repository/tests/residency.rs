@@ -2,7 +2,8 @@
 //! recently active idle one is evicted when a load needs its room, busy and
 //! pinned models stay, concurrent first requests share one load, a model
 //! that cannot fit is refused and evicts nothing, and a change to a model
-//! that is not resident applies at its next load. Each fake model reports
+//! that is not resident applies at its next load; a pipeline's steps stay
+//! while it runs, run at once when independent, within its deadline. Each fake model reports
 //! 4 GB of weights (its charge), so that the process's own memory noise
 //! is small beside the budget.
 
@@ -396,4 +397,62 @@ async fn a_pipelines_later_step_is_not_evicted_while_an_earlier_one_runs() {
         "{resident:?}"
     );
     assert_eq!(piped.await.unwrap().unwrap(), 10.0, "5x, then 2x");
+}
+
+#[tokio::test]
+async fn a_pipelines_independent_steps_run_at_once_and_its_deadline_holds() {
+    use crate::protocol::{InferRequest, Schedule};
+    use crate::tensor::{Tensor, TensorData};
+    let slow = |k: u32| format!("k={k} bytes={GB} run_ms=400");
+    let (a, b) = (slow(2), slow(3));
+    let f = start(&[("a", &a), ("b", &b)], budget(ResidencyMode::Eager, 10)).await;
+    // `pp` runs `a` and `b` on the same input: neither waits on the other.
+    std::fs::create_dir(f.dir.path().join("pp")).unwrap();
+    std::fs::write(
+        f.dir.path().join("pp/model-settings.json"),
+        r#"{"pipeline": {"steps": [
+              {"model": "a", "inputs": {"x": "x"}, "outputs": {"y": "ya"}},
+              {"model": "b", "inputs": {"x": "x"}, "outputs": {"y": "yb"}}], "outputs": ["ya", "yb"]}}"#,
+    )
+    .unwrap();
+    f.repo.rescan();
+    let t0 = Instant::now();
+    while f.repo.registry().ready("pp", None).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the pipeline loads");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let request = |timeout| InferRequest {
+        id: None,
+        inputs: vec![Tensor::new("x", vec![1, 2], TensorData::F32(vec![1.0, 1.0])).unwrap()],
+        outputs: None,
+        schedule: Schedule {
+            timeout,
+            priority: None,
+        },
+        classify: Vec::new(),
+        sequence: None,
+    };
+    let pp = f.repo.registry().ready("pp", None).unwrap();
+    let run = {
+        let (pp, req) = (pp.clone(), request(None));
+        tokio::spawn(async move { pp.infer(req, Instant::now()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let busy = |m: &str| f.repo.registry().ready(m, None).unwrap().activity().busy();
+    assert!(busy("a") && busy("b"), "both steps run at once");
+    let answer = run.await.unwrap().unwrap();
+    let firsts: Vec<f32> = answer
+        .outputs
+        .iter()
+        .map(|t| match &t.data {
+            TensorData::F32(v) => v[0],
+            other => panic!("{}", other.dtype()),
+        })
+        .collect();
+    assert_eq!(firsts, [2.0, 3.0], "ya = 2x, yb = 3x");
+    // The request's own deadline carries into its steps: 100 ms for 400 ms runs.
+    let late = pp
+        .infer(request(Some(Duration::from_millis(100))), Instant::now())
+        .await;
+    assert_eq!(late.unwrap_err().kind(), ErrorKind::DeadlineExceeded);
 }
