@@ -392,7 +392,9 @@ impl Pipeline {
         match &step.run {
             Runner::Tokenizer(t) => {
                 let text = inputs.into_iter().next().expect("one input");
-                let tokens = t.run(&text)?;
+                let heavy = text.data.heap_bytes() > INLINE_WORK_BYTES;
+                let t = t.clone();
+                let tokens = off_the_runtime(heavy, move || t.run(&text)).await?;
                 Ok(vec![
                     tokens.input_ids,
                     tokens.attention_mask,
@@ -400,12 +402,13 @@ impl Pipeline {
                 ])
             }
             Runner::Pooling(p) => {
-                let find = |n: &str| inputs.iter().find(|t| t.name == n).expect("mapped");
-                Ok(vec![pool::run(
-                    *p,
-                    find("token_embeddings"),
-                    find("attention_mask"),
-                )?])
+                let heavy = inputs.iter().map(|t| t.data.heap_bytes()).sum::<usize>() > INLINE_WORK_BYTES;
+                let p = *p;
+                let pooled = off_the_runtime(heavy, move || {
+                    let find = |n: &str| inputs.iter().find(|t| t.name == n).expect("mapped");
+                    pool::run(p, find("token_embeddings"), find("attention_mask"))
+                });
+                Ok(vec![pooled.await?])
             }
             Runner::Own => Ok(Box::pin(own.run(request(inputs), arrival)).await?.outputs),
             Runner::Model { model, version } => {
@@ -422,6 +425,25 @@ impl Pipeline {
                 Ok(Box::pin(handle.infer(request(inputs), arrival)).await?.outputs)
             }
         }
+    }
+}
+
+/// Bytes of input above which a built-in step runs on a blocking thread:
+/// a request's texts or token vectors that take milliseconds to process
+/// must not hold up the async workers that serve every other request.
+const INLINE_WORK_BYTES: usize = 64 << 10;
+
+/// Runs `work` where it belongs: inline when it is light, else on the
+/// blocking pool.
+async fn off_the_runtime<T: Send + 'static>(
+    heavy: bool,
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    match heavy {
+        false => work(),
+        true => tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|e| Error::Internal(format!("a pipeline step panicked: {e}")))?,
     }
 }
 
