@@ -190,6 +190,43 @@ async fn a_text_model_answers_v2_and_refuses_mistakes_in_openai_shape() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_whose_encoder_takes_int32_tokens_is_fitted_to_it() {
+    let repo = repo_with(&[]);
+    let folder = repo.path().join("minilm32");
+    copy_dir(&minilm_folder(), &folder);
+    let mut cmd = Command::new(python());
+    cmd.arg(root().join("tests/clients/minilm_int32.py"))
+        .arg(minilm_folder().join("model.onnx"))
+        .arg(folder.join("model.onnx"));
+    assert!(run(cmd).await.status.success());
+    let s = TestServer::start(repo.path()).await;
+    let texts = ["int32 token ids", "the same vectors as the int64 graph gives"];
+    let body = json!({"inputs": [v2_input("text", "BYTES", &[2], json!(texts))]});
+    let (status, resp) = s.post("/v2/models/minilm32/infer", &body).await;
+    assert_eq!(status, 200, "{resp}");
+    assert_vectors(
+        &rows(v2_output(&resp, "embedding")),
+        &reference(&texts).await,
+        "INT32 encoder",
+    );
+    // Token ids in, and their count in `usage`.
+    let r = s
+        .client
+        .post(s.url("/v1/embeddings"))
+        .json(&json!({"model": "minilm32", "input": [[101, 7632, 102]]}))
+        .send()
+        .await
+        .unwrap();
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["usage"]["prompt_tokens"], 3, "{e}");
+    assert_vectors(
+        &[flat_f64(&e["data"][0]["embedding"])],
+        &reference(&["hi"]).await,
+        "token ids",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embeddings_need_the_inference_key() {
     let repo = repo_with(&[]);
     copy_dir(&minilm_folder(), &repo.path().join(MODEL));

@@ -61,7 +61,7 @@ impl ModelHandle {
                         .map_err(Error::Internal)?],
                 )
             }
-            Input::Tokens(ids) => (true, token_tensors(&ids, tokenizer.max_length, &names)),
+            Input::Tokens(ids) => (true, token_tensors(&ids, tokenizer, &names)),
         };
         let req = InferRequest {
             id: None,
@@ -80,6 +80,7 @@ impl ModelHandle {
             .ok_or_else(|| Error::Internal("the pipeline answered no vectors".into()))?;
         let tokens = match it.next().map(|m| m.data) {
             Some(TensorData::I64(m)) => m.iter().filter(|x| **x != 0).count(),
+            Some(TensorData::I32(m)) => m.iter().filter(|x| **x != 0).count(),
             _ => 0,
         };
         let (TensorData::F32(mut v), [rows, dim]) = (vectors.data, vectors.shape.as_slice()) else {
@@ -121,9 +122,10 @@ impl ModelHandle {
 /// `max_length`, padded to the longest with 0, mask 1 on each token, type 0.
 fn token_tensors(
     ids: &[Vec<i64>],
-    max_length: Option<usize>,
+    tokenizer: &super::pipeline::tokenize::Tokenize,
     names: &std::collections::HashMap<&str, &str>,
 ) -> Vec<Tensor> {
+    let max_length = tokenizer.max_length;
     let len = |t: &Vec<i64>| max_length.map_or(t.len(), |m| t.len().min(m));
     let longest = ids.iter().map(len).max().unwrap_or(0);
     let n = ids.len();
@@ -138,7 +140,10 @@ fn token_tensors(
         names.get(which).map(|name| Tensor {
             name: name.to_string(),
             shape: vec![n, longest],
-            data: TensorData::I64(data),
+            data: match tokenizer.int32 {
+                true => TensorData::I32(data.into_iter().map(|x| x as i32).collect()),
+                false => TensorData::I64(data),
+            },
         })
     };
     [

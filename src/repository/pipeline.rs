@@ -49,8 +49,9 @@ pub fn pipeline(
 ) -> Result<Pipeline, LoadError> {
     let p = settings.pipeline.as_ref().expect("a pipeline's settings");
     let declared = declared(settings);
-    let tokenizer =
-        |t: &crate::settings::pipeline::TokenizerStep| Tokenize::load(&dir.join(&t.file), t.max_length);
+    let tokenizer = |t: &crate::settings::pipeline::TokenizerStep| {
+        Tokenize::load(&dir.join(&t.file), t.max_length, t.int32)
+    };
     Pipeline::build(p, own, &declared, Some(steps), tokenizer).map_err(LoadError::Files)
 }
 

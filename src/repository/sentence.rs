@@ -88,6 +88,8 @@ pub fn apply(dir: &Path, settings: &mut ModelSettings) -> Result<(), String> {
     let tokenizer = TokenizerStep {
         file: transformer.join("tokenizer.json"),
         max_length,
+        // Fitted to the ONNX file's token inputs when it loads (`fit`).
+        int32: false,
     };
     if !dir.join(&tokenizer.file).is_file() {
         return Err(format!(
@@ -138,6 +140,7 @@ pub fn fit(settings: &mut ModelSettings, sig: &Signature) -> Result<(), String> 
         return Ok(());
     }
     encoder.inputs.retain(|name, _| sig.input(name).is_some());
+    let int32 = sig.input("input_ids").is_some_and(|t| t.dtype == DataType::I32);
     let hidden = sig
         .outputs
         .iter()
@@ -146,6 +149,11 @@ pub fn fit(settings: &mut ModelSettings, sig: &Signature) -> Result<(), String> 
             "the ONNX file has no FP32 output [batch, tokens, dim] (token vectors) to pool".to_string()
         })?;
     encoder.outputs = BTreeMap::from([(hidden.name.clone(), "token_embeddings".into())]);
+    for s in &mut p.steps {
+        if let StepKind::Tokenizer(t) = &mut s.kind {
+            t.int32 = int32;
+        }
+    }
     settings.padding.retain(|name, _| sig.input(name).is_some());
     Ok(())
 }

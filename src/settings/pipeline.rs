@@ -50,6 +50,8 @@ pub struct TokenizerStep {
     /// Tokens kept per text (`[CLS]` and `[SEP]` included); the file's own
     /// truncation when unset.
     pub max_length: Option<usize>,
+    /// Token ids and masks as INT32 instead of INT64 (for an encoder that takes INT32).
+    pub int32: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,7 +185,7 @@ impl PipelineSettings {
 
 const PIPELINE: &str = "steps outputs";
 const STEP: &str = "name model version tokenizer pooling inputs outputs";
-const TOKENIZER: &str = "file max_length";
+const TOKENIZER: &str = "file max_length dtype";
 const POOLING: &str = "mode normalize";
 const MODES: &[(&str, PoolingMode)] = &[
     ("mean", PoolingMode::Mean),
@@ -325,7 +327,16 @@ impl Walker {
             None => None,
             Some(v) => Some(self.int(v, &format!("{path}.max_length"), 2, 1 << 20)? as usize),
         };
-        Some(TokenizerStep { file, max_length })
+        let int32 = match get(obj, "dtype").map(|v| (v, v.as_str())) {
+            None | Some((_, Some("INT64"))) => false,
+            Some((_, Some("INT32"))) => true,
+            Some((v, _)) => return self.bad(&format!("{path}.dtype"), "\"INT64\" or \"INT32\"", v),
+        };
+        Some(TokenizerStep {
+            file,
+            max_length,
+            int32,
+        })
     }
 
     fn pooling(&mut self, v: &Value, path: &str) -> Option<PoolingStep> {

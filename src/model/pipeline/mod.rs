@@ -205,7 +205,7 @@ impl Pipeline {
         let step = &self.steps[i];
         let pair = |(inputs, outputs)| Some(Signature { inputs, outputs });
         Ok(match &step.run {
-            Runner::Tokenizer(_) => pair(tokenize::Tokenize::specs()),
+            Runner::Tokenizer(t) => pair(t.specs()),
             Runner::Pooling(_) => {
                 let hidden = step.inputs.iter().find(|(s, _)| s == "token_embeddings");
                 let dim = hidden

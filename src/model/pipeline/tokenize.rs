@@ -16,6 +16,8 @@ pub struct Tokenize {
     /// Tokens kept per text, special tokens included (`None`: no truncation).
     pub max_length: Option<usize>,
     pad_id: i64,
+    /// Ids and masks as INT32 (else INT64).
+    pub int32: bool,
 }
 
 /// A request's texts as token ids: `[texts, longest]` each.
@@ -30,7 +32,11 @@ pub struct Tokens {
 impl Tokenize {
     /// Reads `file`; `max_length` replaces the file's own truncation. The
     /// file's padding is turned off (a request is padded to its longest text).
-    pub fn load(file: &Path, max_length: Option<usize>) -> std::result::Result<Tokenize, String> {
+    pub fn load(
+        file: &Path,
+        max_length: Option<usize>,
+        int32: bool,
+    ) -> std::result::Result<Tokenize, String> {
         let mut tokenizer = Tokenizer::from_file(file)
             .map_err(|e| format!("{}: not a tokenizer.json: {e}", file.display()))?;
         let pad_id = tokenizer.get_padding().map_or(0, |p| i64::from(p.pad_id));
@@ -50,11 +56,13 @@ impl Tokenize {
             tokenizer,
             max_length,
             pad_id,
+            int32,
         })
     }
 
     /// The step's tensors: `text` in, token ids out.
-    pub fn specs() -> (Vec<TensorSpec>, Vec<TensorSpec>) {
+    pub fn specs(&self) -> (Vec<TensorSpec>, Vec<TensorSpec>) {
+        let ids = if self.int32 { DataType::I32 } else { DataType::I64 };
         let spec = |name: &str, dtype, rank| TensorSpec {
             name: name.into(),
             dtype,
@@ -65,7 +73,7 @@ impl Tokenize {
             vec![spec("text", DataType::Bytes, 1)],
             ["input_ids", "attention_mask", "token_type_ids"]
                 .iter()
-                .map(|n| spec(n, DataType::I64, 2))
+                .map(|n| spec(n, ids, 2))
                 .collect(),
         )
     }
@@ -109,10 +117,15 @@ impl Tokenize {
                 types[at + j] = i64::from(*t);
             }
         }
+        let int32 = self.int32;
         let make = |name: &str, v: Vec<i64>| Tensor {
             name: name.into(),
             shape: vec![n, longest],
-            data: TensorData::I64(v),
+            // Token ids and masks fit INT32 (vocabularies are far smaller).
+            data: match int32 {
+                true => TensorData::I32(v.into_iter().map(|x| x as i32).collect()),
+                false => TensorData::I64(v),
+            },
         };
         Ok(Tokens {
             input_ids: make("input_ids", ids),

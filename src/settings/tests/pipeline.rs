@@ -92,6 +92,18 @@ fn pipeline_mistakes_name_the_field() {
         p.iter().any(|m| m.contains("`pipeline.steps[0].tokenizer.file`")),
         "{p:?}"
     );
+    let p =
+        problems(r#"{"pipeline": {"steps": [{"tokenizer": {"dtype": "FP32"}}], "outputs": ["input_ids"]}}"#);
+    assert!(
+        p.iter()
+            .any(|m| m.contains("`pipeline.steps[0].tokenizer.dtype` must be \"INT64\" or \"INT32\"")),
+        "{p:?}"
+    );
+    let s = ok(r#"{"pipeline": {"steps": [{"tokenizer": {"dtype": "INT32"}}], "outputs": ["input_ids"]}}"#);
+    let StepKind::Tokenizer(t) = &s.pipeline.unwrap().steps[0].kind else {
+        panic!()
+    };
+    assert!(t.int32);
     let p = problems(r#"{"op_libraries": "ext"}"#);
     assert!(p.iter().any(|m| m.contains("`op_libraries` must be")), "{p:?}");
 }
