@@ -315,6 +315,16 @@ fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
+    if sluice::repository::pipeline_without_file(&settings) {
+        return match sluice::repository::pipeline_report(dir, &settings, None) {
+            Ok(lines) => {
+                println!("model {} OK (a pipeline)", settings.name);
+                lines.iter().for_each(|l| println!("{l}"));
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(format!("model `{}`: {e}", settings.name)),
+        };
+    }
     let path = dir.join(&settings.uri);
     sluice::runtime::release_free_memory();
     let before = sluice::runtime::resident_bytes();
@@ -331,7 +341,12 @@ fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
         Err(e) => return fail(format!("model `{name}`: {}", e.message())),
     };
     let padding = checked.padding;
+    let pipeline = match sluice::repository::pipeline_report(dir, &settings, Some(&loaded.signature)) {
+        Ok(lines) => lines,
+        Err(e) => return fail(format!("model `{name}`: {e}")),
+    };
     println!("model {} OK ({})", settings.name, path.display());
+    pipeline.iter().for_each(|l| println!("{l}"));
     println!("provider: {}", loaded.provider_reason);
     for field in &settings.ignored {
         println!("not honoured: {field}");

@@ -413,6 +413,45 @@ async fn a_pipeline_that_cannot_run_is_refused_naming_the_field() {
     assert_eq!(index["identity"]["state"], "READY");
 }
 
+#[test]
+fn sluice_check_reports_a_pipeline() {
+    let out = sluice().arg("check").arg(minilm_folder()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("pipeline: tokenizer → encoder (the folder's ONNX file) → pooling"),
+        "{text}"
+    );
+    assert!(
+        text.contains("pipeline input text BYTES [-1]")
+            && text.contains("pipeline output embedding FP32 [-1, 384]"),
+        "{text}"
+    );
+    // A pipeline of repository models: no ONNX file to load; its tokenizer is checked.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("embed");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("model-settings.json"), EMBED_PIPELINE).unwrap();
+    let out = sluice().arg("check").arg(&dir).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("tokenize: "),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::copy(minilm_folder().join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    let out = sluice().arg("check").arg(&dir).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("OK (a pipeline)") && text.contains("encode (model `minilm`)"),
+        "{text}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_triton_ensemble_of_two_onnx_models_answers_as_the_two_in_turn() {
     let repo = repo_with(&[]);

@@ -37,6 +37,7 @@ use tokio::sync::{mpsc, oneshot};
 
 pub use api::load_parameters;
 pub use load::{check_loaded, describe, Checked};
+pub use pipeline::{report as pipeline_report, without_file as pipeline_without_file};
 pub use registry::{ModelEntry, ReadyRule, Registry};
 
 use crate::error::Error;

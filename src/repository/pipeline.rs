@@ -130,3 +130,51 @@ fn declared(settings: &ModelSettings) -> Signature {
         outputs: specs(&settings.declared.outputs),
     }
 }
+
+/// What `sluice check` says of a pipeline folder (`own`: its ONNX file's
+/// signature, when a step runs it): its steps, and its tensors when every
+/// step's are known without the repository; `Err` names a tokenizer file
+/// that does not load or a wiring that cannot be.
+pub fn report(dir: &Path, settings: &ModelSettings, own: Option<&Signature>) -> Result<Vec<String>, String> {
+    let Some(p) = settings.pipeline.as_ref() else {
+        return Ok(Vec::new());
+    };
+    let steps: Vec<String> = p
+        .steps
+        .iter()
+        .map(|s| match s.name.contains(&s.kind.describe()) {
+            true => s.name.clone(),
+            false => format!("{} ({})", s.name, s.kind.describe()),
+        })
+        .collect();
+    let mut lines = vec![format!("pipeline: {}", steps.join(" → "))];
+    let tokenizer = |t: &crate::settings::pipeline::TokenizerStep| {
+        Tokenize::load(&dir.join(&t.file), t.max_length, t.int32)
+    };
+    // Steps that are models of the repository: their tensors are known
+    // once the repository serves them; the tokenizers are checked here.
+    if p.steps.iter().any(|s| matches!(s.kind, StepKind::Model { .. })) {
+        for s in &p.steps {
+            if let StepKind::Tokenizer(t) = &s.kind {
+                tokenizer(t).map_err(|e| format!("{}: {e}", s.name))?;
+            }
+        }
+        lines.push("pipeline tensors: from its step models, once the repository serves them".into());
+        return Ok(lines);
+    }
+    let built = Pipeline::build(p, own, &declared(settings), None, tokenizer)?;
+    for (kind, specs) in [
+        ("input", &built.signature.inputs),
+        ("output", &built.signature.outputs),
+    ] {
+        for t in specs {
+            lines.push(format!(
+                "pipeline {kind} {} {} {:?}",
+                t.name,
+                t.dtype.as_str(),
+                t.shape
+            ));
+        }
+    }
+    Ok(lines)
+}
