@@ -108,6 +108,7 @@ impl Server {
         // loading: metrics emitted before it is installed are lost (the
         // first model's `loaded` count went missing this way).
         let metrics = metrics::install();
+        let budget = budget::ByteBudget::from_config(&config);
         let repo = &config.model_repository;
         let repository = Repository::new(
             repo.path.clone(),
@@ -116,7 +117,8 @@ impl Server {
             runtime,
             pool.clone(),
         )
-        .with_residency(config.residency.policy());
+        .with_residency(config.residency.policy())
+        .with_budget(budget.clone());
         // Watcher → repository task: "something changed, rescan".
         let (rescan_tx, rescan_rx) = tokio::sync::mpsc::unbounded_channel();
         let watcher = repository::watcher::watch(
@@ -128,7 +130,6 @@ impl Server {
         )
         .with_context(|| format!("cannot watch the model repository {}", repo.path.display()))?;
         let (handle, loaded) = repository.spawn(rescan_rx);
-        let budget = budget::ByteBudget::from_config(&config);
         let state = AppState::new(http::SharedState {
             metrics,
             registry: handle.registry().clone(),

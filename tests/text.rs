@@ -381,6 +381,35 @@ async fn a_pipeline_runs_each_step_through_its_model() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelines_tensors_are_held_in_the_byte_budget() {
+    let repo = repo_with(&["minilm"]);
+    let embed = repo.path().join("embed");
+    std::fs::create_dir_all(&embed).unwrap();
+    std::fs::copy(
+        minilm_folder().join("tokenizer.json"),
+        embed.join("tokenizer.json"),
+    )
+    .unwrap();
+    write_settings(repo.path(), "embed", EMBED_PIPELINE);
+    // 256 KiB: the request and its token ids fit; 8 texts' hidden states
+    // (8 × ~40 tokens × 384 FP32) do not.
+    let s = TestServer::start_with(repo.path(), |c| c.http.max_inflight_bytes = 256 << 10).await;
+    let long = "a sentence of some forty tokens or so, long enough that its hidden states weigh on the budget of the server when eight of them come at once";
+    let texts = vec![long; 8];
+    let body = json!({"inputs": [v2_input("TEXT", "BYTES", &[8], json!(texts))]});
+    let (status, resp) = s.post("/v2/models/embed/infer", &body).await;
+    assert_eq!(status, 503, "{resp}");
+    let msg = error_message(&resp);
+    assert!(
+        msg.contains("pipeline `embed`, encode") && msg.contains("max_inflight_bytes"),
+        "{msg}"
+    );
+    // One text fits, and the budget is whole again after the refusal.
+    let body = json!({"inputs": [v2_input("TEXT", "BYTES", &[1], json!([long]))]});
+    assert_eq!(s.post("/v2/models/embed/infer", &body).await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipeline_that_cannot_run_is_refused_naming_the_field() {
     let repo = repo_with(&["identity"]);
     std::fs::create_dir_all(repo.path().join("loop")).unwrap();

@@ -203,6 +203,29 @@ pub fn classify(before: &Stamp, now: &Stamp, serving: Option<(&ModelSettings, &F
     }
 }
 
+/// The folder as seen now; `previous`: the ONNX file's last stamp.
+/// Blocking (reads the file when its metadata changed).
+pub fn stamp_of(md: &super::scan::ModelDir, previous: Option<&FileStamp>) -> Stamp {
+    let file = match &md.settings {
+        // A pipeline without an ONNX file of its own stamps its settings
+        // file first (its other files, a tokenizer.json, follow).
+        Ok(s) if super::pipeline::without_file(s) => {
+            let settings_file = [super::scan::SETTINGS_FILE, crate::triton::CONFIG_FILE]
+                .map(|f| md.dir.join(f))
+                .into_iter()
+                .find(|p| p.exists())
+                .unwrap_or_else(|| md.dir.join(super::scan::SETTINGS_FILE));
+            FileStamp::of(&settings_file, &md.dir, previous)
+        }
+        Ok(s) => FileStamp::of(&md.dir.join(&s.uri), &md.dir, previous),
+        Err(_) => Err(String::new()),
+    };
+    Stamp {
+        settings: md.settings.clone(),
+        file,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

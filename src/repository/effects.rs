@@ -102,7 +102,7 @@ impl Repository {
                 return (Event::NoRoom { pinned, error, at }, Err(refusal));
             }
         }
-        let steps = super::pipeline::steps(&self.registry);
+        let steps = super::pipeline::steps(&self.registry, self.budget.clone());
         match load::build(&self.runtime, &self.pool, &name, &dir, settings, steps).await {
             Ok(handle) => {
                 let handle = Arc::new(handle);

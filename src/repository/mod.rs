@@ -170,6 +170,8 @@ pub struct Repository {
     reason: LoadReason,
     /// Configurations given with a model-control load, by folder.
     overrides: scan::Overrides,
+    /// The server's byte budget, which pipelines hold their steps' tensors in.
+    budget: Option<crate::budget::ByteBudget>,
 }
 
 /// Why a model loads (`sluice_model_loads_total{reason}`).
@@ -216,7 +218,14 @@ impl Repository {
             device_totals: None,
             reason: LoadReason::Start,
             overrides: scan::Overrides::new(),
+            budget: None,
         }
+    }
+
+    /// The byte budget pipelines hold their steps' tensors in.
+    pub fn with_budget(mut self, budget: crate::budget::ByteBudget) -> Repository {
+        self.budget = Some(budget);
+        self
     }
 
     /// Which models stay loaded when they do not all fit (`[residency]`).
@@ -416,7 +425,7 @@ impl Repository {
             let dirs = scan::scan(&layout)?.into_iter().filter(|d| keep(d));
             Ok(dirs
                 .map(|md| {
-                    let now = stamp_of(&md, previous.get(&md.folder));
+                    let now = diff::stamp_of(&md, previous.get(&md.folder));
                     (md, now)
                 })
                 .collect())
@@ -565,29 +574,6 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(io)
         .await
         .map_err(|e| format!("reading the model repository panicked: {e}"))?
-}
-
-/// The folder as seen now; `previous`: the ONNX file's last stamp.
-/// Blocking (reads the file when its metadata changed).
-fn stamp_of(md: &ModelDir, previous: Option<&FileStamp>) -> Stamp {
-    let file = match &md.settings {
-        // A pipeline without an ONNX file of its own stamps its settings
-        // file first (its other files, a tokenizer.json, follow).
-        Ok(s) if pipeline::without_file(s) => {
-            let settings_file = [scan::SETTINGS_FILE, crate::triton::CONFIG_FILE]
-                .map(|f| md.dir.join(f))
-                .into_iter()
-                .find(|p| p.exists())
-                .unwrap_or_else(|| md.dir.join(scan::SETTINGS_FILE));
-            FileStamp::of(&settings_file, &md.dir, previous)
-        }
-        Ok(s) => FileStamp::of(&md.dir.join(&s.uri), &md.dir, previous),
-        Err(_) => Err(String::new()),
-    };
-    Stamp {
-        settings: md.settings.clone(),
-        file,
-    }
 }
 
 /// Zeroes the device-memory gauges of a version that stops serving.

@@ -17,7 +17,7 @@ use crate::tensor::{Signature, TensorSpec};
 
 /// How a pipeline of the repository reaches its steps' models: through the
 /// registry (weakly: a pipeline does not keep the registry alive).
-pub fn steps(registry: &Arc<Registry>) -> Steps {
+pub fn steps(registry: &Arc<Registry>, budget: Option<crate::budget::ByteBudget>) -> Steps {
     let (a, b) = (Arc::downgrade(registry), Arc::downgrade(registry));
     Steps {
         serve: Arc::new(move |name, version, arrival| {
@@ -28,6 +28,7 @@ pub fn steps(registry: &Arc<Registry>) -> Steps {
             })
         }),
         ready: Arc::new(move |name, version| b.upgrade()?.ready(name, version).ok()),
+        budget,
     }
 }
 

@@ -40,6 +40,9 @@ pub struct Steps {
     pub serve: Serve,
     /// The model's handle if it serves now (signatures, at load).
     pub ready: ReadyNow,
+    /// The server's byte budget: the tensors steps make are held in it
+    /// while the request runs, as the request's own are.
+    pub budget: Option<crate::budget::ByteBudget>,
 }
 
 /// A loaded pipeline.
@@ -300,6 +303,8 @@ impl Pipeline {
         let mut running: FuturesUnordered<Pin<Box<dyn Future<Output = StepResult> + Send + '_>>> =
             FuturesUnordered::new();
         let mut batch_id: Arc<str> = Arc::from("");
+        // What the steps' tensors hold of the byte budget, until the answer.
+        let mut held = Vec::new();
         loop {
             let (ready, waiting): (Vec<usize>, Vec<usize>) = pending
                 .iter()
@@ -328,6 +333,14 @@ impl Pipeline {
             };
             let step = &self.steps[i];
             let outputs = result.map_err(|e| in_step(e, &own.name, &step.name))?;
+            if let Some(budget) = self.models.as_ref().and_then(|m| m.budget.as_ref()) {
+                let bytes = outputs.iter().map(|t| t.data.heap_bytes()).sum();
+                held.push(
+                    budget
+                        .reserve(bytes)
+                        .map_err(|e| in_step(e, &own.name, &step.name))?,
+                );
+            }
             for mut t in outputs {
                 if let Some((_, outer)) = step.outputs.iter().find(|(inner, _)| *inner == t.name) {
                     t.name.clone_from(outer);
@@ -477,6 +490,10 @@ fn in_step(e: Error, pipeline: &str, step: &str) -> Error {
             message: format!("{step} (model `{model}`): {message}").into(),
         },
         Error::Internal(m) => Error::Internal(format!("{at}: {m}")),
+        Error::Busy { message, retry_after } => Error::Busy {
+            message: format!("{at}: {message}"),
+            retry_after,
+        },
         other => other,
     }
 }
