@@ -363,7 +363,9 @@ async fn a_pipeline_runs_each_step_through_its_model() {
         msg.contains("IN") || msg.contains("step 0 (model `identity`)"),
         "{msg}"
     );
-    // A step's model gone: the pipeline says which step and why.
+    // A step's model gone: the pipeline is not ready (as Triton's ensemble
+    // is not), and says which step and why.
+    assert_eq!(s.get("/v2/models/one_step/ready").await.0, 200);
     let (status, _) = s.post("/v2/repository/models/identity/unload", &json!({})).await;
     assert_eq!(status, 200);
     let (status, resp) = s
@@ -378,6 +380,7 @@ async fn a_pipeline_runs_each_step_through_its_model() {
         msg.contains("one_step") && msg.contains("step 0 (model `identity`)"),
         "{msg}"
     );
+    assert_eq!(s.get("/v2/models/one_step/ready").await.0, 503);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

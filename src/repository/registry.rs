@@ -242,9 +242,29 @@ impl Registry {
 
     /// Whether a request for the model would be served: it serves now, or
     /// it is not resident and its next request loads it (model readiness).
+    /// A pipeline is servable when its steps' models are too (as Triton's
+    /// ensemble is ready when its composing models are).
     pub fn servable(&self, name: &str, version: Option<&str>) -> Result<(), Error> {
+        self.servable_at(name, version, 0)
+    }
+
+    /// [`Registry::servable`], `depth` pipelines down (a pipeline that runs
+    /// itself through others stops at a bound).
+    fn servable_at(&self, name: &str, version: Option<&str>, depth: usize) -> Result<(), Error> {
         match self.ready(name, version) {
-            Ok(_) => Ok(()),
+            Ok(h) => match h.pipeline() {
+                Some(p) if depth < 8 => {
+                    for step in p.step_models() {
+                        self.servable_at(&step, None, depth + 1)
+                            .map_err(|e| Error::ModelNotReady {
+                                name: name.to_string(),
+                                reason: format!("its step model `{step}` is not: {e}"),
+                            })?;
+                    }
+                    Ok(())
+                }
+                _ => Ok(()),
+            },
             Err(e @ (Error::ModelNotFound(_) | Error::NotFound(_))) => Err(e),
             Err(e) => match self
                 .models
