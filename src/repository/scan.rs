@@ -67,13 +67,13 @@ pub fn read_folder(
     }
     let onnx = onnx_files(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let sentence = super::sentence::is_folder(dir);
-    let nested = match sentence && onnx.is_empty() {
-        true => super::sentence::default_uri(dir),
-        false => None,
-    };
-    let default_uri = match onnx.as_slice() {
-        [] if nested.is_some() => nested.clone().unwrap_or_default(),
-        [only] if !onnx.iter().any(|f| f == DEFAULT_URI) => PathBuf::from(only),
+    // A sentence-transformers folder may keep its file at `onnx/model.onnx`.
+    let nested = (sentence && onnx.is_empty())
+        .then(|| super::sentence::default_uri(dir))
+        .flatten();
+    let default_uri = match (onnx.as_slice(), &nested) {
+        ([], Some(file)) => file.clone(),
+        ([only], _) if only != DEFAULT_URI => PathBuf::from(only),
         _ => PathBuf::from(DEFAULT_URI),
     };
     // NotFound is "no settings file"; any other error (unreadable, not a

@@ -98,15 +98,12 @@ pub fn apply(dir: &Path, settings: &mut ModelSettings) -> Result<(), String> {
         ));
     }
     let tokens = ["input_ids", "attention_mask", "token_type_ids"];
-    let same = |names: &[&str]| -> BTreeMap<String, String> {
-        names.iter().map(|n| (n.to_string(), n.to_string())).collect()
-    };
     let mut tokenize = Step::builtin("tokenizer", StepKind::Tokenizer(tokenizer));
     tokenize.inputs = BTreeMap::from([("text".into(), TEXT.into())]);
     let encoder = Step {
         name: "encoder".into(),
         kind: StepKind::Own,
-        inputs: same(&tokens),
+        inputs: pipeline::same_names(&tokens),
         // Fitted to the file's output when it loads (`fit`).
         outputs: BTreeMap::from([("last_hidden_state".into(), "token_embeddings".into())]),
     };

@@ -94,14 +94,18 @@ impl Step {
     /// A built-in step's standard names, mapped to pipeline tensors of the same names.
     pub fn builtin(name: &str, kind: StepKind) -> Step {
         let (ins, outs) = builtin_names(&kind);
-        let same = |names: &[&str]| names.iter().map(|n| (n.to_string(), n.to_string())).collect();
         Step {
             name: name.to_string(),
-            inputs: same(ins),
-            outputs: same(outs),
+            inputs: same_names(ins),
+            outputs: same_names(outs),
             kind,
         }
     }
+}
+
+/// Each name mapped to the pipeline tensor of the same name.
+pub fn same_names(names: &[&str]) -> BTreeMap<String, String> {
+    names.iter().map(|n| (n.to_string(), n.to_string())).collect()
 }
 
 /// The input and output names of a built-in step.
@@ -151,35 +155,38 @@ impl PipelineSettings {
             problems.push("a pipeline needs at least one step".into());
         }
         if problems.is_empty() {
-            if let Some(cycle) = self.cycle() {
-                problems.push(format!("steps wait on each other in a cycle: {cycle}"));
+            if let Err(stuck) = self.order() {
+                problems.push(format!("steps wait on each other in a cycle: {stuck}"));
             }
         }
         problems
     }
 
-    /// A step that cannot run because its inputs wait on itself, if any.
-    fn cycle(&self) -> Option<String> {
-        let inputs: std::collections::BTreeSet<String> = self.inputs().into_iter().collect();
-        let mut have = inputs;
-        let mut done = vec![false; self.steps.len()];
+    /// The steps in an order they can run in, or the names of those that
+    /// never can (their inputs wait on themselves through others).
+    pub fn order(&self) -> Result<Vec<usize>, String> {
+        let mut have: std::collections::BTreeSet<String> = self.inputs().into_iter().collect();
+        let mut order = Vec::with_capacity(self.steps.len());
         loop {
             let ready: Vec<usize> = (0..self.steps.len())
-                .filter(|&i| !done[i] && self.steps[i].inputs.values().all(|t| have.contains(t)))
+                .filter(|i| !order.contains(i) && self.steps[*i].inputs.values().all(|t| have.contains(t)))
                 .collect();
             if ready.is_empty() {
                 break;
             }
             for i in ready {
-                done[i] = true;
                 have.extend(self.steps[i].outputs.values().cloned());
+                order.push(i);
             }
         }
         let stuck: Vec<&str> = (0..self.steps.len())
-            .filter(|&i| !done[i])
+            .filter(|i| !order.contains(i))
             .map(|i| self.steps[i].name.as_str())
             .collect();
-        (!stuck.is_empty()).then(|| stuck.join(", "))
+        match stuck.is_empty() {
+            true => Ok(order),
+            false => Err(stuck.join(", ")),
+        }
     }
 }
 
@@ -284,9 +291,7 @@ impl Walker {
     ) -> Option<BTreeMap<String, String>> {
         let at = format!("{path}.{key}");
         let map = match get(obj, key) {
-            None if !known.is_empty() => {
-                return Some(known.iter().map(|n| (n.to_string(), n.to_string())).collect())
-            }
+            None if !known.is_empty() => return Some(same_names(known)),
             None => {
                 return self.push(format!(
                     "`{at}` is missing: map the step's tensors to pipeline tensors"

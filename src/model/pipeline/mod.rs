@@ -118,7 +118,10 @@ impl Pipeline {
             models,
         };
         // Each step's signature, in the order the steps can run.
-        for i in p.order(settings)? {
+        let order = settings
+            .order()
+            .map_err(|stuck| format!("steps wait on each other in a cycle: {stuck}"))?;
+        for i in order {
             let sig = p.step_signature(i, own, &specs)?;
             let step = &p.steps[i];
             for (inner, outer) in &step.inputs {
@@ -179,22 +182,6 @@ impl Pipeline {
         p.tensors
             .extend(settings.steps.iter().flat_map(|s| s.outputs.values().cloned()));
         Ok(p)
-    }
-
-    /// The steps in an order they can run in (`check` refused cycles).
-    fn order(&self, settings: &PipelineSettings) -> std::result::Result<Vec<usize>, String> {
-        let mut have: std::collections::BTreeSet<String> = settings.inputs().into_iter().collect();
-        let mut order = Vec::new();
-        while order.len() < self.steps.len() {
-            let next = (0..self.steps.len())
-                .find(|i| !order.contains(i) && self.steps[*i].inputs.iter().all(|(_, t)| have.contains(t)));
-            let Some(i) = next else {
-                return Err("steps wait on each other in a cycle".into());
-            };
-            have.extend(self.steps[i].outputs.iter().map(|(_, t)| t.clone()));
-            order.push(i);
-        }
-        Ok(order)
     }
 
     /// Step `i`'s signature: a built-in's, the folder's own, or its model's
