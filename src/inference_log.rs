@@ -99,7 +99,7 @@ impl InferenceLog {
     }
 
     /// Whether events of `kind` for `model` are logged.
-    pub fn wants(&self, model: &str, kind: Kind) -> bool {
+    fn wants(&self, model: &str, kind: Kind) -> bool {
         let mode = match kind {
             Kind::Request => matches!(self.mode, LogMode::All | LogMode::Request),
             Kind::Response => matches!(self.mode, LogMode::All | LogMode::Response),
@@ -108,7 +108,7 @@ impl InferenceLog {
     }
 
     /// The event id of a request: the client's (`x-request-id`), else a new one.
-    pub fn id(given: Option<&str>) -> String {
+    fn id(given: Option<&str>) -> String {
         match given.filter(|g| !g.is_empty()) {
             Some(g) => g.chars().take(128).collect(),
             None => {
@@ -121,7 +121,7 @@ impl InferenceLog {
     /// Queues an event, or drops it (counted) when the queue or the budget
     /// is full. Never waits.
     #[allow(clippy::too_many_arguments)]
-    pub fn log(
+    fn log(
         &self,
         kind: Kind,
         id: &str,
@@ -165,6 +165,68 @@ impl InferenceLog {
                 "inference log: events dropped: {why} (sluice_inference_log_events_total counts them)"
             );
         }
+    }
+}
+
+/// One request's events: its id, model and protocol, fixed once for its
+/// request and its answer. A no-op without a log, or for a model the log
+/// leaves out; a body is made only for an event that goes out.
+pub struct RequestLog<'a> {
+    log: Option<&'a InferenceLog>,
+    model: &'a str,
+    protocol: &'static str,
+    id: String,
+}
+
+impl<'a> RequestLog<'a> {
+    /// `given_id`: the client's id for the request (`x-request-id`, gRPC's `id`).
+    pub fn new(
+        log: Option<&'a InferenceLog>,
+        model: &'a str,
+        protocol: &'static str,
+        given_id: Option<&str>,
+    ) -> Self {
+        let log = log.filter(|l| l.wants(model, Kind::Request) || l.wants(model, Kind::Response));
+        let id = match log {
+            Some(_) => InferenceLog::id(given_id),
+            None => String::new(),
+        };
+        RequestLog {
+            log,
+            model,
+            protocol,
+            id,
+        }
+    }
+
+    fn event(&self, kind: Kind, content_type: &str, status: Option<u16>, body: impl FnOnce() -> Bytes) {
+        if let Some(l) = self.log.filter(|l| l.wants(self.model, kind)) {
+            l.log(
+                kind,
+                &self.id,
+                self.model,
+                self.protocol,
+                content_type,
+                status,
+                body(),
+            );
+        }
+    }
+
+    /// The request's body as received.
+    pub fn request(&self, content_type: &str, body: impl FnOnce() -> Bytes) {
+        self.event(Kind::Request, content_type, None, body);
+    }
+
+    /// The answer's body as sent (status 200).
+    pub fn answer(&self, content_type: &str, body: impl FnOnce() -> Bytes) {
+        self.event(Kind::Response, content_type, Some(200), body);
+    }
+
+    /// An error answer: its `status` and `{"error": ...}` body.
+    pub fn error(&self, status: u16, e: &crate::error::Error) {
+        let body = || serde_json::json!({ "error": e.to_string() }).to_string().into();
+        self.event(Kind::Response, "application/json", Some(status), body);
     }
 }
 

@@ -433,72 +433,31 @@ impl GrpcInferenceService for InferenceService {
 
 /// One gRPC request's events in the inference log: the messages as
 /// protobuf bytes (`application/x-protobuf`), errors as JSON with their
-/// gRPC status code.
-struct GrpcLog<'a> {
-    log: Option<&'a crate::inference_log::InferenceLog>,
-    model: &'a str,
-    id: String,
-}
+/// gRPC status code (see [`crate::inference_log::RequestLog`]).
+struct GrpcLog<'a>(crate::inference_log::RequestLog<'a>);
 
 impl<'a> GrpcLog<'a> {
-    /// Logs the request, when its model is logged.
+    /// Logs the request; its id is the request's `id`, when it has one.
     fn new(
         log: Option<&'a crate::inference_log::InferenceLog>,
         model: &'a str,
         req: &ModelInferRequest,
     ) -> Self {
-        use crate::inference_log::{InferenceLog, Kind};
-        let log = log.filter(|l| l.wants(model, Kind::Request) || l.wants(model, Kind::Response));
-        let id = match log {
-            Some(_) => InferenceLog::id(Some(&req.id)),
-            None => String::new(),
-        };
-        if let Some(l) = log.filter(|l| l.wants(model, Kind::Request)) {
-            let body = prost::Message::encode_to_vec(req).into();
-            l.log(
-                Kind::Request,
-                &id,
-                model,
-                "grpc",
-                "application/x-protobuf",
-                None,
-                body,
-            );
-        }
-        GrpcLog { log, model, id }
+        let log = crate::inference_log::RequestLog::new(log, model, "grpc", Some(&req.id));
+        log.request("application/x-protobuf", || {
+            prost::Message::encode_to_vec(req).into()
+        });
+        GrpcLog(log)
     }
 
     fn answer(&self, answer: &ModelInferResponse) {
-        use crate::inference_log::Kind;
-        if let Some(l) = self.log.filter(|l| l.wants(self.model, Kind::Response)) {
-            let body = prost::Message::encode_to_vec(answer).into();
-            l.log(
-                Kind::Response,
-                &self.id,
-                self.model,
-                "grpc",
-                "application/x-protobuf",
-                Some(200),
-                body,
-            );
-        }
+        self.0.answer("application/x-protobuf", || {
+            prost::Message::encode_to_vec(answer).into()
+        });
     }
 
     fn error(&self, e: &Error) {
-        if let Some(l) = self.log {
-            // gRPC's own status code (3: INVALID_ARGUMENT, 14: UNAVAILABLE, ...).
-            let status = super::status::code_of(e.kind()) as u16;
-            let body = serde_json::json!({ "error": e.to_string() }).to_string().into();
-            let kind = crate::inference_log::Kind::Response;
-            l.log(
-                kind,
-                &self.id,
-                self.model,
-                "grpc",
-                "application/json",
-                Some(status),
-                body,
-            );
-        }
+        // gRPC's own status code (3: INVALID_ARGUMENT, 14: UNAVAILABLE, ...).
+        self.0.error(super::status::code_of(e.kind()) as u16, e);
     }
 }

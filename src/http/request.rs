@@ -66,83 +66,44 @@ pub struct SharedState {
     pub inference_log: Option<Arc<crate::inference_log::InferenceLog>>,
 }
 
-/// One request's events in the inference log (a no-op without a log, or
-/// for a model the log leaves out).
-pub(crate) struct InferLog<'a> {
-    log: Option<&'a crate::inference_log::InferenceLog>,
-    model: &'a str,
-    protocol: &'static str,
-    id: String,
-}
+/// One request's events in the inference log, as the HTTP port reads and
+/// answers them (see [`crate::inference_log::RequestLog`]).
+pub(crate) struct InferLog<'a>(crate::inference_log::RequestLog<'a>);
 
 impl<'a> InferLog<'a> {
+    /// The request's id is its `x-request-id`, when it sends one.
     pub(crate) fn new(
         state: &'a AppState,
         model: &'a str,
         protocol: &'static str,
         headers: &HeaderMap,
     ) -> Self {
-        use crate::inference_log::{InferenceLog, Kind};
-        let log = state
-            .inference_log
-            .as_deref()
-            .filter(|l| l.wants(model, Kind::Request) || l.wants(model, Kind::Response));
-        let id = match log {
-            Some(_) => InferenceLog::id(headers.get("x-request-id").and_then(|v| v.to_str().ok())),
-            None => String::new(),
-        };
-        InferLog {
-            log,
+        let given = headers.get("x-request-id").and_then(|v| v.to_str().ok());
+        InferLog(crate::inference_log::RequestLog::new(
+            state.inference_log.as_deref(),
             model,
             protocol,
-            id,
-        }
+            given,
+        ))
     }
 
     /// Logs the request's body as received.
     pub(crate) fn request(&self, headers: &HeaderMap, body: &Bytes) {
-        if let Some(log) = self.log {
-            let ct = headers
-                .get(axum::http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("application/json");
-            let kind = crate::inference_log::Kind::Request;
-            log.log(kind, &self.id, self.model, self.protocol, ct, None, body.clone());
-        }
+        let ct = headers
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/json");
+        self.0.request(ct, || body.clone());
     }
 
     /// Logs the answer's body as sent (`content_type`, status 200).
     pub(crate) fn answer(&self, content_type: &str, body: &Bytes) {
-        if let Some(log) = self.log {
-            let kind = crate::inference_log::Kind::Response;
-            log.log(
-                kind,
-                &self.id,
-                self.model,
-                self.protocol,
-                content_type,
-                Some(200),
-                body.clone(),
-            );
-        }
+        self.0.answer(content_type, || body.clone());
     }
 
-    /// Logs an error answer: its status and JSON body.
+    /// Logs an error answer, with the status this port answers it with.
     pub(crate) fn error(&self, e: &Error) {
-        if let Some(log) = self.log {
-            let status = super::error::status_of(e.kind()).as_u16();
-            let body = serde_json::json!({ "error": e.to_string() }).to_string();
-            let kind = crate::inference_log::Kind::Response;
-            log.log(
-                kind,
-                &self.id,
-                self.model,
-                self.protocol,
-                "application/json",
-                Some(status),
-                body.into(),
-            );
-        }
+        self.0.error(super::error::status_of(e.kind()).as_u16(), e);
     }
 }
 
