@@ -269,20 +269,25 @@ const EMBED_PIPELINE: &str = r#"{
   }
 }"#;
 
-const ONE_STEP: &str = r#"{"pipeline": {"steps": [
-  {"model": "identity", "inputs": {"input": "IN"}, "outputs": {"output": "OUT"}}], "outputs": ["OUT"]}}"#;
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pipeline_runs_each_step_through_its_model() {
-    let repo = repo_with(&["minilm", "identity"]);
-    let embed = repo.path().join("embed");
+/// The pipeline `embed` (EMBED_PIPELINE, with its tokenizer.json) in `repo`.
+fn add_embed_pipeline(repo: &Path) {
+    let embed = repo.join("embed");
     std::fs::create_dir_all(&embed).unwrap();
     std::fs::copy(
         minilm_folder().join("tokenizer.json"),
         embed.join("tokenizer.json"),
     )
     .unwrap();
-    write_settings(repo.path(), "embed", EMBED_PIPELINE);
+    write_settings(repo, "embed", EMBED_PIPELINE);
+}
+
+const ONE_STEP: &str = r#"{"pipeline": {"steps": [
+  {"model": "identity", "inputs": {"input": "IN"}, "outputs": {"output": "OUT"}}], "outputs": ["OUT"]}}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_runs_each_step_through_its_model() {
+    let repo = repo_with(&["minilm", "identity"]);
+    add_embed_pipeline(repo.path());
     std::fs::create_dir_all(repo.path().join("one_step")).unwrap();
     write_settings(repo.path(), "one_step", ONE_STEP);
     let s = TestServer::start(repo.path()).await;
@@ -386,14 +391,7 @@ async fn a_pipeline_runs_each_step_through_its_model() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipelines_tensors_are_held_in_the_byte_budget() {
     let repo = repo_with(&["minilm"]);
-    let embed = repo.path().join("embed");
-    std::fs::create_dir_all(&embed).unwrap();
-    std::fs::copy(
-        minilm_folder().join("tokenizer.json"),
-        embed.join("tokenizer.json"),
-    )
-    .unwrap();
-    write_settings(repo.path(), "embed", EMBED_PIPELINE);
+    add_embed_pipeline(repo.path());
     // 256 KiB: the request and its token ids fit; 8 texts' hidden states
     // (8 × ~40 tokens × 384 FP32) do not.
     let s = TestServer::start_with(repo.path(), |c| c.http.max_inflight_bytes = 256 << 10).await;

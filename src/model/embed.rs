@@ -118,40 +118,19 @@ impl ModelHandle {
     }
 }
 
-/// Token ids as the tokenizer step would make them: truncated to its
-/// `max_length`, padded to the longest with 0, mask 1 on each token, type 0.
+/// Token ids as the tokenizer step would make them, named as the
+/// pipeline names its tokenizer's outputs.
 fn token_tensors(
     ids: &[Vec<i64>],
     tokenizer: &super::pipeline::tokenize::Tokenize,
     names: &std::collections::HashMap<&str, &str>,
 ) -> Vec<Tensor> {
-    let max_length = tokenizer.max_length;
-    let len = |t: &Vec<i64>| max_length.map_or(t.len(), |m| t.len().min(m));
-    let longest = ids.iter().map(len).max().unwrap_or(0);
-    let n = ids.len();
-    let (mut input_ids, mut mask) = (vec![0i64; n * longest], vec![0i64; n * longest]);
-    for (row, t) in ids.iter().enumerate() {
-        for (j, id) in t.iter().take(len(t)).enumerate() {
-            input_ids[row * longest + j] = *id;
-            mask[row * longest + j] = 1;
-        }
-    }
-    let tensor = |which: &str, data: Vec<i64>| {
-        names.get(which).map(|name| Tensor {
-            name: name.to_string(),
-            shape: vec![n, longest],
-            data: match tokenizer.int32 {
-                true => TensorData::I32(data.into_iter().map(|x| x as i32).collect()),
-                false => TensorData::I64(data),
-            },
+    let t = tokenizer.from_ids(ids);
+    [t.input_ids, t.attention_mask, t.token_type_ids]
+        .into_iter()
+        .filter_map(|mut tensor| {
+            tensor.name = names.get(tensor.name.as_str())?.to_string();
+            Some(tensor)
         })
-    };
-    [
-        tensor("input_ids", input_ids),
-        tensor("attention_mask", mask),
-        tensor("token_type_ids", vec![0; n * longest]),
-    ]
-    .into_iter()
-    .flatten()
-    .collect()
+        .collect()
 }

@@ -96,25 +96,38 @@ impl Tokenize {
             })?;
             encodings.push(enc);
         }
-        let n = encodings.len();
-        let longest = encodings.iter().map(|e| e.len()).max().unwrap_or(0);
+        let rows = encodings.iter().map(|e| {
+            let (ids, mask, types) = (e.get_ids(), e.get_attention_mask(), e.get_type_ids());
+            ids.iter()
+                .zip(mask)
+                .zip(types)
+                .map(|((i, m), t)| (i64::from(*i), i64::from(*m), i64::from(*t)))
+        });
+        Ok(self.pack(rows.collect()))
+    }
+
+    /// Token ids a client tokenized itself, as [`Tokenize::run`] would give
+    /// them: truncated to `max_length`, a mask of 1 and type 0 on each token.
+    pub fn from_ids(&self, ids: &[Vec<i64>]) -> Tokens {
+        let kept = |t: &[i64]| self.max_length.map_or(t.len(), |m| t.len().min(m));
+        let rows = ids.iter().map(|t| t[..kept(t)].iter().map(|id| (*id, 1, 0)));
+        self.pack(rows.collect())
+    }
+
+    /// Rows of (id, mask, type) per token as `[rows, longest]` tensors, the
+    /// shorter rows padded with the pad id and a mask of 0.
+    fn pack<R: ExactSizeIterator<Item = (i64, i64, i64)>>(&self, rows: Vec<R>) -> Tokens {
+        let n = rows.len();
+        let longest = rows.iter().map(ExactSizeIterator::len).max().unwrap_or(0);
         let mut ids = vec![self.pad_id; n * longest];
         let mut mask = vec![0i64; n * longest];
         let mut types = vec![0i64; n * longest];
         let mut count = 0;
-        for (row, e) in encodings.iter().enumerate() {
-            let at = row * longest;
-            count += e.len();
-            for (j, ((id, m), t)) in e
-                .get_ids()
-                .iter()
-                .zip(e.get_attention_mask())
-                .zip(e.get_type_ids())
-                .enumerate()
-            {
-                ids[at + j] = i64::from(*id);
-                mask[at + j] = i64::from(*m);
-                types[at + j] = i64::from(*t);
+        for (row, tokens) in rows.into_iter().enumerate() {
+            count += tokens.len();
+            for (j, (id, m, t)) in tokens.enumerate() {
+                let at = row * longest + j;
+                (ids[at], mask[at], types[at]) = (id, m, t);
             }
         }
         let int32 = self.int32;
@@ -127,11 +140,11 @@ impl Tokenize {
                 false => TensorData::I64(v),
             },
         };
-        Ok(Tokens {
+        Tokens {
             input_ids: make("input_ids", ids),
             attention_mask: make("attention_mask", mask),
             token_type_ids: make("token_type_ids", types),
             count,
-        })
+        }
     }
 }
