@@ -59,14 +59,21 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SharedMemoryConfig {
-    /// Whether clients may register system shared-memory regions (any POSIX
-    /// shared-memory object the server's user can open); off, a register is refused.
+    /// Whether clients may register system shared-memory regions. Off by
+    /// default (Triton's `--allow-client-shm`): a client that may register
+    /// can read and overwrite any POSIX shared-memory object the server's
+    /// user can open. Off, a register is refused.
     pub enabled: bool,
+    /// The most regions registered at once (each holds a file descriptor).
+    pub max_regions: usize,
 }
 
 impl Default for SharedMemoryConfig {
     fn default() -> Self {
-        SharedMemoryConfig { enabled: true }
+        SharedMemoryConfig {
+            enabled: false,
+            max_regions: 256,
+        }
     }
 }
 

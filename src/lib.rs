@@ -141,10 +141,7 @@ impl Server {
             triton_metrics: config.metrics.triton_names,
             inference_log: inference_log::InferenceLog::start(&config.inference_log, budget.clone()),
             access: access::Access::from_config(&config),
-            shm: Arc::new(shm::SharedMemory::new(
-                config.shared_memory.enabled,
-                budget.clone(),
-            )),
+            shm: Arc::new(shm::SharedMemory::new(&config.shared_memory, budget.clone())),
             budget,
         });
         Ok(Server {

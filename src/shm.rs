@@ -1,12 +1,19 @@
 //! Triton's system shared-memory extension: the regions clients register
-//! (a POSIX shared-memory object, `shm_open(key)`, mapped from `offset` for
+//! (a POSIX shared-memory object, `shm_open(key)`, from `offset` for
 //! `byte_size` bytes), read for inputs and written for outputs that name
 //! them. One registry per server, shared by both ports; handlers hold a
 //! region's `Arc` while they use it, so a region unregistered during a
-//! request stays mapped until that request is done with it. CUDA shared
+//! request stays open until that request is done with it. CUDA shared
 //! memory is refused until a GPU path can test it.
+//!
+//! A region is read and written through its descriptor (`pread`/`pwrite`),
+//! never through a mapping: the client owns the object and may shrink it at
+//! any time, and a mapping past the end of a shrunk object is a SIGBUS for
+//! the whole process, where a short read is an error for one request.
 
 use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::sync::{Arc, RwLock};
 
 use crate::budget::ByteBudget;
@@ -14,67 +21,62 @@ use crate::error::Error;
 use crate::protocol::shm::{not_registered, Regions, ShmRef};
 use crate::tensor::TensorData;
 
-/// One registered region, mapped.
+/// One registered region, its object held open.
 pub struct Region {
     pub name: String,
     pub key: String,
     pub offset: usize,
     pub byte_size: usize,
-    map: Mapping,
-}
-
-/// A shared mapping of `len` bytes at `ptr`, unmapped on drop.
-struct Mapping {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the mapping is plain shared memory; every access copies bytes in or
-// out with `ptr::copy_nonoverlapping` within `len`, never through references
-// that another process's writes could invalidate.
-unsafe impl Send for Mapping {}
-unsafe impl Sync for Mapping {}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: `ptr` and `len` are what `mmap` returned and was asked for.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
+    file: File,
 }
 
 impl Region {
-    /// Opens and maps `key` from `offset` for `byte_size` bytes. The error
-    /// names the key and what the system said.
-    fn map(name: &str, key: &str, offset: usize, byte_size: usize) -> Result<Region, Error> {
+    /// Opens `key` and checks that it holds `byte_size` bytes from `offset`.
+    /// The error names the key and what the system said.
+    fn open(name: &str, key: &str, offset: usize, byte_size: usize) -> Result<Region, Error> {
         let fail = |why: String| {
             Error::invalid(format!(
-                "shared memory region '{name}': cannot map key '{key}' (offset {offset}, byte_size {byte_size}): {why}"
+                "shared memory region '{}': cannot map key '{}' (offset {offset}, byte_size {byte_size}): {why}",
+                crate::error::clip(name),
+                crate::error::clip(key)
             ))
         };
         if byte_size == 0 {
             return Err(fail("byte_size must be more than 0".into()));
         }
         let c_key = std::ffi::CString::new(key).map_err(|_| fail("the key holds a NUL byte".into()))?;
-        // SAFETY: a valid C string; the descriptor is closed below.
-        let fd = unsafe { libc::shm_open(c_key.as_ptr(), libc::O_RDWR, 0) };
+        // SAFETY: a valid C string; the descriptor is owned by `file` below.
+        let fd = unsafe { libc::shm_open(c_key.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
         if fd < 0 {
             return Err(fail(std::io::Error::last_os_error().to_string()));
         }
-        let result = map_fd(fd, offset, byte_size);
-        // SAFETY: `fd` is ours; a mapping outlives its descriptor.
-        unsafe { libc::close(fd) };
-        let (ptr, len) = result.map_err(fail)?;
-        Ok(Region {
+        // SAFETY: `fd` is a fresh descriptor nothing else owns.
+        let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let region = Region {
             name: name.to_string(),
             key: key.to_string(),
             offset,
             byte_size,
-            map: Mapping { ptr, len },
-        })
+            file,
+        };
+        region.holds(0, byte_size).map_err(fail)?;
+        Ok(region)
     }
 
-    /// Where `at` is in the mapping, checked against the region's size.
-    fn range(&self, at: &ShmRef, bytes: usize, what: &str) -> Result<*mut u8, Error> {
+    /// Whether the object still holds `bytes` bytes at `at` of the region:
+    /// the client may have shrunk it since it was registered.
+    fn holds(&self, at: usize, bytes: usize) -> Result<(), String> {
+        let object = self.file.metadata().map_err(|e| e.to_string())?.len();
+        let end = self.offset as u64 + at as u64 + bytes as u64;
+        match end <= object {
+            true => Ok(()),
+            false => Err(format!("the shared memory object holds only {object} bytes")),
+        }
+    }
+
+    /// Checks `bytes` at `at.offset` against the region's size and the
+    /// object's: where in the object they start.
+    fn range(&self, at: &ShmRef, bytes: usize, what: &str) -> Result<u64, Error> {
         let end = at.offset.checked_add(bytes);
         if end.is_none_or(|end| end > self.byte_size) {
             return Err(Error::invalid(format!(
@@ -82,50 +84,29 @@ impl Region {
                 at.offset, self.name, self.byte_size
             )));
         }
-        // The region starts `offset` bytes into the mapping (page-aligned below it).
-        let start = self.map.len - self.byte_size + at.offset;
-        // SAFETY: `start + bytes <= map.len`, checked above.
-        Ok(unsafe { self.map.ptr.add(start) })
+        self.holds(at.offset, bytes).map_err(|why| self.shrunk(what, &why))?;
+        Ok((self.offset + at.offset) as u64)
     }
-}
 
-/// Maps `byte_size` bytes of `fd` from `offset`, from the page boundary below
-/// it: (start of the mapping, its length).
-fn map_fd(fd: i32, offset: usize, byte_size: usize) -> Result<(*mut u8, usize), String> {
-    // SAFETY: fstat on a descriptor we hold into a zeroed struct.
-    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstat(fd, &mut stat) } != 0 {
-        return Err(std::io::Error::last_os_error().to_string());
+    /// The error for a region whose object changed under the server.
+    fn shrunk(&self, what: &str, why: &str) -> Error {
+        Error::invalid(format!(
+            "{what}: shared memory region '{}' (key '{}', offset {}, byte_size {}) can no longer be read or written: \
+             {why}; the object shrank after it was registered. Unregister it and register it again",
+            self.name,
+            crate::error::clip(&self.key),
+            self.offset,
+            self.byte_size
+        ))
     }
-    let object = usize::try_from(stat.st_size).unwrap_or(0);
-    if offset.checked_add(byte_size).is_none_or(|end| end > object) {
-        return Err(format!("the shared memory object holds only {object} bytes"));
-    }
-    // SAFETY: sysconf has no preconditions.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-    let aligned = offset / page * page;
-    let len = byte_size + (offset - aligned);
-    // SAFETY: a fresh shared mapping of a range checked to lie inside the object.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            aligned as libc::off_t,
-        )
-    };
-    if ptr == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error().to_string());
-    }
-    Ok((ptr.cast(), len))
 }
 
 /// The server's registered regions.
 pub struct SharedMemory {
     /// `shared_memory.enabled`: off, every register is refused.
     enabled: bool,
+    /// `shared_memory.max_regions`: the most registered at once.
+    max_regions: usize,
     /// The server's byte budget: an input's bytes are reserved in it before
     /// they are copied out of a region.
     budget: ByteBudget,
@@ -144,9 +125,10 @@ pub struct Status {
 }
 
 impl SharedMemory {
-    pub fn new(enabled: bool, budget: ByteBudget) -> SharedMemory {
+    pub fn new(cfg: &crate::config::SharedMemoryConfig, budget: ByteBudget) -> SharedMemory {
         SharedMemory {
-            enabled,
+            enabled: cfg.enabled,
+            max_regions: cfg.max_regions,
             budget,
             regions: RwLock::new(BTreeMap::new()),
         }
@@ -157,7 +139,9 @@ impl SharedMemory {
         if !self.enabled {
             return Err(Error::invalid(format!(
                 "shared memory region '{}': system shared memory is turned off on this server \
-                 (`shared_memory.enabled = false`); send tensor data in the request",
+                 (`shared_memory.enabled = false`, the default: a client that may register regions can read and \
+                 write any shared memory object the server's user can open); send tensor data in the request, \
+                 or ask the operator to set `[shared_memory] enabled = true` (SLUICE_SHARED_MEMORY__ENABLED=true)",
                 crate::error::clip(name)
             )));
         }
@@ -170,8 +154,7 @@ impl SharedMemory {
                 crate::error::clip(name)
             )));
         }
-        let region = Arc::new(Region::map(name, key, offset, byte_size)?);
-        tracing::info!(region = %name, key = %key, offset, byte_size, "shared memory region registered");
+        let region = Arc::new(Region::open(name, key, offset, byte_size)?);
         let mut regions = self.regions.write().expect("shm lock poisoned");
         if regions.contains_key(name) {
             return Err(Error::invalid(format!(
@@ -179,6 +162,15 @@ impl SharedMemory {
                 crate::error::clip(name)
             )));
         }
+        if regions.len() >= self.max_regions {
+            return Err(Error::invalid(format!(
+                "shared memory region '{}': {} regions are registered, the most this server holds \
+                 (`shared_memory.max_regions`); unregister one first",
+                crate::error::clip(name),
+                regions.len()
+            )));
+        }
+        tracing::debug!(region = %name, key = %key, offset, byte_size, "shared memory region registered");
         regions.insert(name.to_string(), region);
         Ok(())
     }
@@ -250,10 +242,13 @@ impl SharedMemory {
                 at.byte_size
             )));
         }
-        let dst = region.range(at, bytes.len(), what)?;
-        // SAFETY: `dst` has room for `bytes.len()` bytes (checked by `range`).
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
-        Ok(())
+        let from = region.range(at, bytes.len(), what)?;
+        // A shrink after `range`'s check makes the write extend the object
+        // again: the client's doing, and harmless to the server.
+        region
+            .file
+            .write_all_at(&bytes, from)
+            .map_err(|e| region.shrunk(what, &e.to_string()))
     }
 }
 
@@ -265,13 +260,15 @@ impl Regions for SharedMemory {
         decode: &mut dyn FnMut(&[u8]) -> Result<TensorData, Error>,
     ) -> Result<TensorData, Error> {
         let region = self.get(&at.region, what)?;
-        let src = region.range(at, at.byte_size, what)?;
+        let from = region.range(at, at.byte_size, what)?;
         // Held until decoded; the decoded tensor is then reserved by the caller.
         let _copy = self.budget.reserve(at.byte_size)?;
         // Copied out first: the client may write the region while it is read.
         let mut bytes = vec![0u8; at.byte_size];
-        // SAFETY: `src` holds `byte_size` bytes (checked by `range`).
-        unsafe { std::ptr::copy_nonoverlapping(src, bytes.as_mut_ptr(), at.byte_size) };
+        region
+            .file
+            .read_exact_at(&mut bytes, from)
+            .map_err(|e| region.shrunk(what, &e.to_string()))?;
         decode(&bytes)
     }
 }

@@ -146,7 +146,8 @@ async fn tritons_example_clients_pass_against_tritons_example_repository() {
         &root().join("tests/fixtures/triton/model_repository"),
         repo.path(),
     );
-    let s = TestServer::start(repo.path()).await;
+    // Client shared memory is off by default (Triton's `--allow-client-shm`).
+    let s = TestServer::start_with(repo.path(), |c| c.shared_memory.enabled = true).await;
     let scripts = tempfile::tempdir().unwrap();
     let mut failed = Vec::new();
     for (client, grpc, pass) in CLIENTS {
