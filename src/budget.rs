@@ -59,6 +59,11 @@ impl ByteBudget {
         }
     }
 
+    /// The bytes the budget holds in all.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
     /// Reserves `bytes` for one request, or refuses (503) when the requests
     /// already accepted hold too much. A request larger than the whole
     /// budget is let through alone (when nothing else is held), so that a
@@ -137,6 +142,73 @@ impl ByteBudget {
     }
 }
 
+/// What one connection's long-lived streams hold of the budget (requests
+/// read and their answers not yet sent), bounded apart from it so that one
+/// client that stops reading cannot take the budget from every other
+/// (`grpc.max_connection_bytes`). The transport makes one per connection and
+/// hands it to each of the connection's requests; the stream reader waits
+/// for [`ConnectionBytes::below_cap`] before it reads a message, and the
+/// [`ConnectionHeld`] guards of its requests and answers give bytes back.
+#[derive(Debug)]
+pub struct ConnectionBytes {
+    held: std::sync::atomic::AtomicUsize,
+    cap: usize,
+    /// Woken by each guard dropped; the waiter is the connection's stream reader(s).
+    freed: tokio::sync::Notify,
+}
+
+/// Bytes held on a connection; given back on drop.
+#[derive(Debug)]
+pub struct ConnectionHeld {
+    conn: Arc<ConnectionBytes>,
+    bytes: usize,
+}
+
+impl ConnectionBytes {
+    pub fn new(cap: usize) -> Arc<ConnectionBytes> {
+        Arc::new(ConnectionBytes {
+            held: Default::default(),
+            cap: cap.max(1),
+            freed: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Bytes held now.
+    pub fn held(&self) -> usize {
+        self.held.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Holds `bytes` until the guard is dropped (never refused: the caller
+    /// waited for [`ConnectionBytes::below_cap`] before taking the work).
+    pub fn hold(self: &Arc<Self>, bytes: usize) -> ConnectionHeld {
+        self.held.fetch_add(bytes, std::sync::atomic::Ordering::AcqRel);
+        ConnectionHeld {
+            conn: self.clone(),
+            bytes,
+        }
+    }
+
+    /// Returns once the connection holds less than its cap.
+    pub async fn below_cap(&self) {
+        loop {
+            let freed = self.freed.notified();
+            if self.held() < self.cap {
+                return;
+            }
+            freed.await;
+        }
+    }
+}
+
+impl Drop for ConnectionHeld {
+    fn drop(&mut self) {
+        self.conn
+            .held
+            .fetch_sub(self.bytes, std::sync::atomic::Ordering::AcqRel);
+        self.conn.freed.notify_waiters();
+    }
+}
+
 /// The default budget: a quarter of the memory this process may use (the
 /// container's cgroup limit where there is one, else the machine's), at
 /// least 256 MiB.
@@ -209,6 +281,28 @@ mod tests {
                 .unwrap(),
         );
         assert_eq!(b.permits.available_permits(), 1 << 20);
+    }
+
+    #[tokio::test]
+    async fn a_connection_waits_below_its_cap_until_its_guards_are_dropped() {
+        let conn = ConnectionBytes::new(100);
+        conn.below_cap().await;
+        let a = conn.hold(60);
+        let b = conn.hold(60);
+        assert_eq!(conn.held(), 120);
+        let waiter = tokio::spawn({
+            let conn = conn.clone();
+            async move { conn.below_cap().await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "over its cap, the reader waits");
+        drop(a);
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("woken once below the cap")
+            .unwrap();
+        drop(b);
+        assert_eq!(conn.held(), 0);
     }
 
     #[test]

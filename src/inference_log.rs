@@ -5,8 +5,8 @@
 //!
 //! Off the request path: handlers hand an event to a bounded queue and go
 //! on; one task (holding the queue's receiver) posts them, a few at a time,
-//! each within a timeout. A full queue, or a byte budget that cannot hold
-//! an event's body, drops the event (counted in
+//! each within a timeout. A full queue, or a queue whose bodies already hold
+//! `inference_log.max_queued_bytes`, drops the event (counted in
 //! `sluice_inference_log_events_total{result="dropped"}`, and logged at most
 //! once a minute): a sink that is slow or down never slows or fails inference.
 
@@ -38,7 +38,7 @@ impl Kind {
     }
 }
 
-/// One event on its way to the sink; holds its body's bytes of the budget.
+/// One event on its way to the sink; holds its body's bytes of the log's own budget.
 struct Event {
     kind: Kind,
     id: String,
@@ -57,6 +57,8 @@ pub struct InferenceLog {
     mode: LogMode,
     /// Empty: every model.
     models: Vec<String>,
+    /// The log's own bytes (`inference_log.max_queued_bytes`), apart from the
+    /// requests' budget: events a sick sink leaves queued never refuse a request.
     budget: ByteBudget,
     started: Instant,
     /// The minute since `started` of the last "dropped" line (at most one a minute).
@@ -68,7 +70,9 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 impl InferenceLog {
     /// Starts the sending task when `[inference_log] url` is set.
-    pub fn start(cfg: &InferenceLogConfig, budget: ByteBudget) -> Option<Arc<InferenceLog>> {
+    /// `requests` is the requests' byte budget (`http.max_inflight_bytes`),
+    /// which sets the log's own when `max_queued_bytes` is 0.
+    pub fn start(cfg: &InferenceLogConfig, requests: &ByteBudget) -> Option<Arc<InferenceLog>> {
         let url = cfg.url.clone()?;
         let (tx, rx) = mpsc::channel(cfg.queue_events.max(1));
         let sink = Sink {
@@ -92,7 +96,7 @@ impl InferenceLog {
             tx,
             mode: cfg.mode,
             models: cfg.models.clone(),
-            budget,
+            budget: ByteBudget::new(cfg.queued_bytes(requests.total())),
             started: Instant::now(),
             warned_minute: AtomicU64::new(0),
         }))
@@ -139,7 +143,7 @@ impl InferenceLog {
             return self.dropped("its queue (inference_log.queue_events) is full: the sink is slow or down");
         }
         let Ok(held) = self.budget.reserve(body.len()) else {
-            return self.dropped("the byte budget (http.max_inflight_bytes) is full");
+            return self.dropped("the bodies queued for the sink hold inference_log.max_queued_bytes: the sink is slow or down");
         };
         let event = Event {
             kind,

@@ -139,7 +139,7 @@ impl Server {
             stopping: Arc::new(AtomicBool::new(false)),
             max_body_bytes: config.http.max_body_bytes,
             triton_metrics: config.metrics.triton_names,
-            inference_log: inference_log::InferenceLog::start(&config.inference_log, budget.clone()),
+            inference_log: inference_log::InferenceLog::start(&config.inference_log, &budget),
             access: access::Access::from_config(&config),
             shm: Arc::new(shm::SharedMemory::new(&config.shared_memory, budget.clone())),
             budget,
@@ -263,6 +263,7 @@ async fn serve_ports(
         refuse_with_503: false,
         max_connections_key: "grpc.max_connections",
         open_file_quarters: 1,
+        connection_bytes: config.grpc.connection_bytes(state.budget.total()),
     };
     let mut grpc_limits = config.http_limits();
     grpc_limits.max_connections = config.grpc.max_connections;
@@ -284,6 +285,7 @@ async fn serve_ports(
         refuse_with_503: true,
         max_connections_key: "http.max_connections",
         open_file_quarters: 2,
+        connection_bytes: 0,
     };
     let http_serve = transport::serve(
         listener,

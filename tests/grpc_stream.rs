@@ -71,3 +71,56 @@ async fn an_unread_stream_is_held_to_its_outstanding_bound_then_answers_everythi
     assert!(seen.iter().all(|s| *s), "missing answers");
     s.stop().await.unwrap();
 }
+
+/// One connection's unread stream holds at most `grpc.max_connection_bytes`
+/// (an eighth of the byte budget by default): other clients are answered
+/// while it is stuck. Before, the default 64 outstanding requests and their
+/// answers took the whole budget and every other client got UNAVAILABLE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unread_stream_holds_only_its_connections_share_of_the_byte_budget() {
+    const SENT: usize = 200;
+    let repo = repo_with(&["varlen"]);
+    // 256 KiB requests and answers: 64 of each would hold the budget twice over.
+    let s = TestServer::start_with(repo.path(), |c| c.http.max_inflight_bytes = 16 << 20).await;
+    let mut stuck = client(&s).await;
+    let taken = Arc::new(AtomicUsize::new(0));
+    let counter = taken.clone();
+    let requests = tokio_stream::iter(0..SENT).map(move |i| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        let mut r = infer_request("varlen", "x", &[1, 65_536], &values(i));
+        r.id = i.to_string();
+        r
+    });
+    let mut answers = stuck.model_stream_infer(requests).await.unwrap().into_inner();
+    let (mut last, mut still_since, t0) = (0, Instant::now(), Instant::now());
+    while still_since.elapsed() < Duration::from_secs(2) && t0.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = taken.load(Ordering::SeqCst);
+        if now != last {
+            (last, still_since) = (now, Instant::now());
+        }
+    }
+    // Other clients, on their own connections, on both ports.
+    let mut other = client(&s).await;
+    for i in 0..20 {
+        let r = infer_request("varlen", "x", &[1, 65_536], &values(i));
+        let a = other.model_infer(r).await;
+        assert!(a.is_ok(), "gRPC request {i} beside the unread stream: {:?}", a.err());
+    }
+    let body = serde_json::json!({"inputs": [v2_input("x", "FP32", &[1, 65_536], serde_json::json!(values(1)))]});
+    for i in 0..20 {
+        let (status, answer) = s.post("/v2/models/varlen/infer", &body).await;
+        assert_eq!(status, 200, "HTTP request {i} beside the unread stream: {answer}");
+    }
+    // The stuck client reads: every answer comes.
+    let mut got = 0;
+    while let Some(a) = answers.next().await {
+        assert_eq!(a.unwrap().error_message, "");
+        got += 1;
+        if got == SENT {
+            break;
+        }
+    }
+    assert_eq!(got, SENT);
+    s.stop().await.unwrap();
+}

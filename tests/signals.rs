@@ -400,3 +400,28 @@ async fn a_sink_that_is_down_or_slow_never_holds_inference() {
     );
     assert!(got.lock().unwrap().len() <= 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_a_hanging_sink_leaves_queued_never_take_the_requests_byte_budget() {
+    // A sink that takes every post and never answers in time.
+    let (url, got) = sink(Duration::from_secs(120)).await;
+    let repo = repo_with(&["identity"]);
+    let s = TestServer::start_with(repo.path(), |c| {
+        c.inference_log.url = Some(url);
+        c.http.max_inflight_bytes = 8 << 20;
+    })
+    .await;
+    // 4,096 rows: a body of about 300 KB, an answer about as big. Each is
+    // an event; 60 of them queued would hold over twice the budget.
+    let body = ones(4096);
+    for i in 0..60 {
+        let (status, answer) = s.post("/v2/models/identity/infer", &body).await;
+        assert_eq!(status, 200, "request {i}: {answer}");
+    }
+    let dropped = Metrics::scrape(&s)
+        .await
+        .sum("sluice_inference_log_events_total", &[("result", "dropped")]);
+    // The log's own bytes (an eighth of the budget) hold a few events at most.
+    assert!(dropped >= 100.0, "120 events, {dropped} dropped");
+    assert!(got.lock().unwrap().is_empty());
+}

@@ -78,12 +78,24 @@ pub struct GrpcConfig {
     pub max_connections: usize,
     /// Most concurrent calls (HTTP/2 streams) on one gRPC connection.
     pub max_concurrent_streams: u32,
+    /// Bytes one connection's `ModelStreamInfer` streams may hold (requests
+    /// read, answers not yet taken by the client); past it, they read no
+    /// more messages until the client reads. 0: an eighth of `http.max_inflight_bytes`.
+    pub max_connection_bytes: usize,
     /// Seconds without frames after which a gRPC connection is pinged; one
     /// that does not answer in as long is closed. 0 = no pings.
     pub keep_alive_ping_seconds: f64,
 }
 
 impl GrpcConfig {
+    /// What one connection's streams may hold, given the requests' budget.
+    pub fn connection_bytes(&self, budget: usize) -> usize {
+        match self.max_connection_bytes {
+            0 => (budget / 8).max(1),
+            n => n,
+        }
+    }
+
     /// The `[grpc]` limits' problems.
     pub(super) fn validate(&self, errs: &mut Vec<String>) {
         if !(1..=1_000_000).contains(&self.max_connections) {
@@ -138,6 +150,7 @@ impl Default for GrpcConfig {
             max_outstanding_per_stream: 64,
             max_connections: 1000,
             max_concurrent_streams: 200,
+            max_connection_bytes: 0,
             keep_alive_ping_seconds: 60.0,
         }
     }

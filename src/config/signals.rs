@@ -40,6 +40,10 @@ pub struct InferenceLogConfig {
     pub models: Vec<String>,
     /// Events waiting for the sink at most; more are dropped (counted).
     pub queue_events: usize,
+    /// Bytes the queued events' bodies may hold at most, apart from the
+    /// requests' budget; more are dropped (counted). 0: an eighth of
+    /// `http.max_inflight_bytes`.
+    pub max_queued_bytes: usize,
     /// Events posted at once.
     pub concurrency: usize,
     /// Seconds one post may take before it counts as failed.
@@ -61,6 +65,7 @@ impl Default for InferenceLogConfig {
             mode: LogMode::All,
             models: Vec::new(),
             queue_events: 1024,
+            max_queued_bytes: 0,
             concurrency: 4,
             timeout_seconds: 5.0,
             source: "http://localhost:9081/".into(),
@@ -72,6 +77,14 @@ impl Default for InferenceLogConfig {
 }
 
 impl InferenceLogConfig {
+    /// The bytes queued events may hold, given the requests' budget.
+    pub fn queued_bytes(&self, requests: usize) -> usize {
+        match self.max_queued_bytes {
+            0 => (requests / 8).max(1),
+            n => n,
+        }
+    }
+
     /// Checks the values; the error names the key.
     pub fn validate(&self) -> Result<(), String> {
         if let Some(url) = &self.url {

@@ -16,7 +16,7 @@ use tracing::Instrument;
 use super::status::status;
 use super::{observe, GrpcState};
 use crate::access::Scope;
-use crate::budget::HeldUntilSent;
+use crate::budget::{ConnectionBytes, ConnectionHeld, HeldUntilSent};
 use crate::error::Error;
 use crate::model::state::ModelState;
 use crate::protocol::grpc::inference::grpc_inference_service_server::GrpcInferenceService;
@@ -96,6 +96,13 @@ fn ok<T>(r: Result<T, Error>) -> Answer<T> {
 /// One answer of a `ModelStreamInfer` call.
 type StreamAnswer = Result<ModelStreamInferResponse, Status>;
 
+/// What a stream's answer holds until the transport takes it: its share of
+/// the byte budget, and its request's and its own bytes of the connection's.
+struct Unsent {
+    _budget: Option<HeldUntilSent>,
+    _connection: Vec<ConnectionHeld>,
+}
+
 /// Answers sent on one `ModelStreamInfer` call.
 type InferStream = Pin<Box<dyn Stream<Item = StreamAnswer> + Send>>;
 
@@ -108,9 +115,9 @@ type InferStream = Pin<Box<dyn Stream<Item = StreamAnswer> + Send>>;
 /// are refused, not answered into memory.
 struct HeldStream {
     /// From the stream's request tasks (see `model_stream_infer`).
-    answers: mpsc::Receiver<(StreamAnswer, Option<HeldUntilSent>)>,
+    answers: mpsc::Receiver<(StreamAnswer, Unsent)>,
     /// What the answer last handed to the transport holds.
-    last: Option<HeldUntilSent>,
+    last: Option<Unsent>,
 }
 
 impl Stream for HeldStream {
@@ -124,7 +131,7 @@ impl Stream for HeldStream {
         self.last = None;
         self.answers.poll_recv(cx).map(|next| {
             next.map(|(answer, held)| {
-                self.last = held;
+                self.last = Some(held);
                 answer
             })
         })
@@ -203,18 +210,21 @@ impl GrpcInferenceService for InferenceService {
         self.state.allow(&req, Scope::Inference)?;
         // Every request of the stream continues the trace the call's metadata names.
         let parent = trace_parent(req.metadata());
+        // The connection's bytes (`grpc.max_connection_bytes`), from the transport.
+        let connection = req.extensions().get::<Arc<ConnectionBytes>>().cloned();
         let mut requests = req.into_inner();
         let outstanding = self.state.max_outstanding_per_stream;
         // Answers to the client, each with what it holds of the byte
         // budget. Each request's task holds a sender; the response stream
         // returned below holds the receiver, and ends once the reader task
         // and every request task have dropped theirs.
-        let (tx, rx) = mpsc::channel::<(StreamAnswer, Option<HeldUntilSent>)>(outstanding);
+        let (tx, rx) = mpsc::channel::<(StreamAnswer, Unsent)>(outstanding);
         // One permit per request being run or waiting to hand its answer to
         // `tx`: the reader takes one before it reads the next message, each
         // request task returns its own once the answer is in the channel. A
         // client that stops reading answers thus stops the reader (and, by
-        // HTTP/2 flow control, its own sends) after `outstanding` requests.
+        // HTTP/2 flow control, its own sends) after `outstanding` requests,
+        // or once the connection's streams hold `grpc.max_connection_bytes`.
         let permits = Arc::new(Semaphore::new(outstanding));
         let service = self.clone();
         tokio::spawn(async move {
@@ -227,16 +237,28 @@ impl GrpcInferenceService for InferenceService {
                 let Ok(permit) = permits.clone().acquire_owned().await else {
                     break;
                 };
+                if let Some(c) = &connection {
+                    c.below_cap().await;
+                }
                 let Some(next) = requests.next().await else {
                     break;
                 };
                 let request = match next {
                     Ok(r) => r,
                     Err(e) => {
-                        let _ = tx.send((Err(e), None)).await;
+                        let none = Unsent {
+                            _budget: None,
+                            _connection: Vec::new(),
+                        };
+                        let _ = tx.send((Err(e), none)).await;
                         break;
                     }
                 };
+                let mut on_connection: Vec<ConnectionHeld> = connection
+                    .iter()
+                    .map(|c| c.hold(prost::Message::encoded_len(&request)))
+                    .collect();
+                let connection = connection.clone();
                 let (service, tx, parent) = (service.clone(), tx.clone(), parent.clone());
                 let (after, done) = match crate::protocol::grpc::sequence_key(&request) {
                     None => (None, None),
@@ -251,13 +273,15 @@ impl GrpcInferenceService for InferenceService {
                     }
                     let id = request.id.clone();
                     let (answer, held) = match service.infer(request, &parent).await {
-                        Ok((resp, held)) => (
-                            ModelStreamInferResponse {
+                        Ok((resp, held)) => {
+                            let bytes = prost::Message::encoded_len(&resp);
+                            on_connection.extend(connection.iter().map(|c| c.hold(bytes)));
+                            let answer = ModelStreamInferResponse {
                                 error_message: String::new(),
                                 infer_response: Some(resp),
-                            },
-                            Some(held),
-                        ),
+                            };
+                            (answer, Some(held))
+                        }
                         Err(e) => (
                             ModelStreamInferResponse {
                                 error_message: e.to_string(),
@@ -269,7 +293,11 @@ impl GrpcInferenceService for InferenceService {
                             None,
                         ),
                     };
-                    let _ = tx.send((Ok(answer), held)).await;
+                    let unsent = Unsent {
+                        _budget: held,
+                        _connection: on_connection,
+                    };
+                    let _ = tx.send((Ok(answer), unsent)).await;
                     // After the answer is queued: the sequence's next answer
                     // must not overtake it on the stream.
                     if let Some(done) = done {

@@ -57,6 +57,9 @@ pub struct Port<S> {
     pub max_connections_key: &'static str,
     /// Quarters of the open-file limit this port's connections may use at most.
     pub open_file_quarters: u64,
+    /// What each connection's long-lived streams may hold unsent, in bytes
+    /// (0: no bound of its own); handed to its requests as an extension.
+    pub connection_bytes: usize,
 }
 
 /// Most 503 answers to connections over the limit in flight at once (each
@@ -102,6 +105,7 @@ where
     let mut open = connections.count();
     let builder = Arc::new(builder(&limits, &port));
     let (name, refuse_with_503, untimed) = (port.name, port.refuse_with_503, port.untimed_paths);
+    let connection_bytes = port.connection_bytes;
     let service = port.service;
     // Permits for the tasks that answer connections over the limit; each
     // such task holds one for at most a second.
@@ -134,6 +138,7 @@ where
                 conn: state.clone(),
                 body_read_timeout: limits.body_read_timeout,
                 untimed,
+                bytes: (connection_bytes > 0).then(|| crate::budget::ConnectionBytes::new(connection_bytes)),
             };
             {
                 let connection = builder.serve_connection(io, service);

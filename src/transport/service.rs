@@ -48,6 +48,8 @@ pub(crate) struct Guarded<S> {
     pub(super) conn: Arc<ConnState>,
     pub(super) body_read_timeout: Duration,
     pub(super) untimed: &'static [&'static str],
+    /// The connection's bytes for long-lived streams, put in each request's extensions.
+    pub(super) bytes: Option<Arc<crate::budget::ConnectionBytes>>,
 }
 
 impl<S, B> hyper::service::Service<Request<Incoming>> for Guarded<S>
@@ -74,6 +76,10 @@ where
             false => Some(self.body_read_timeout),
         };
         let conn = &self.conn;
+        let mut req = req;
+        if let Some(bytes) = &self.bytes {
+            req.extensions_mut().insert(bytes.clone());
+        }
         let req = req.map(|body| {
             // A body still to arrive (not a long-lived stream's) makes the
             // connection evictable at the cap until it is in.
