@@ -184,6 +184,42 @@ async fn a_text_model_answers_v2_and_refuses_mistakes_in_openai_shape() {
     let (status, resp) = s.post(&format!("/v2/models/{MODEL}/infer"), &body).await;
     assert_eq!(status, 400);
     assert!(error_message(&resp).contains("text"), "{resp}");
+    // An empty list of token ids is the client's mistake, not the model's.
+    for input in [json!([[]]), json!([[101, 102], []])] {
+        let (status, e) = openai(json!({"model": MODEL, "input": input})).await;
+        assert_eq!((status, &e["error"]["param"]), (400, &json!("input")), "{e}");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains("empty list of token ids"),
+            "{e}"
+        );
+    }
+    // Sizes a client controls are refused before any text is tokenized,
+    // naming the limit: one text of 10 MB, more texts than `max_texts`.
+    let huge = "word ".repeat(2 << 20);
+    let (status, e) = openai(json!({"model": MODEL, "input": huge})).await;
+    assert_eq!(status, 400, "{e}");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("10485760 bytes") && msg.contains("`max_text_bytes` of 131072"), "{msg}");
+    let body = json!({"inputs": [v2_input("text", "BYTES", &[1], json!([huge]))]});
+    let (status, resp) = s.post(&format!("/v2/models/{MODEL}/infer"), &body).await;
+    assert_eq!(status, 400, "{resp}");
+    assert!(error_message(&resp).contains("`max_text_bytes`"), "{resp}");
+    let many = vec!["a"; 2049];
+    let (status, e) = openai(json!({"model": MODEL, "input": many})).await;
+    assert_eq!(status, 400, "{e}");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("2049") && msg.contains("2048"), "{msg}");
+    let many = vec!["a"; 100_000];
+    let body = json!({"inputs": [v2_input("text", "BYTES", &[100_000], json!(many))]});
+    let (status, resp) = s.post(&format!("/v2/models/{MODEL}/infer"), &body).await;
+    assert_eq!(status, 400, "{resp}");
+    assert!(error_message(&resp).contains("`max_texts` of 2048"), "{resp}");
+    // None of them counted as the server's failure.
+    let m = common::prometheus::Metrics::scrape(&s).await;
+    assert_eq!(
+        m.sum("nv_inference_request_failure", &[("model", MODEL), ("reason", "BACKEND")]),
+        0.0
+    );
     // The server still answers.
     let (status, _) = openai(json!({"model": MODEL, "input": ["still", "fine"]})).await;
     assert_eq!(status, 200);

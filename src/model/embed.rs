@@ -47,6 +47,7 @@ impl ModelHandle {
         };
         let mask = names.get("attention_mask").map(|m| m.to_string());
         let n = input.len();
+        tokenizer.check_count(n, "input")?;
         let mut outputs = vec![out];
         outputs.extend(mask.clone());
         let (tokenized, inputs) = match input {

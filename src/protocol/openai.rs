@@ -128,7 +128,14 @@ fn input(v: Value) -> Result<Input> {
             Value::Number(_) => Ok(Input::Tokens(vec![ids(&a)?])),
             Value::Array(_) => a
                 .iter()
-                .map(|x| x.as_array().ok_or_else(bad).and_then(|x| ids(x)))
+                .enumerate()
+                .map(|(i, x)| match x.as_array() {
+                    Some(x) if x.is_empty() => Err(Error::invalid(format!(
+                        "`input[{i}]` is an empty list of token ids: give at least one token per input"
+                    ))),
+                    Some(x) => ids(x),
+                    None => Err(bad()),
+                })
                 .collect::<Result<_>>()
                 .map(Input::Tokens),
             _ => Err(bad()),
@@ -173,7 +180,7 @@ pub fn error_body(e: &Error, status: u16) -> Value {
         _ => ("invalid_request_error", Value::Null),
     };
     let param = match e.to_string() {
-        m if m.starts_with("`input`") => json!("input"),
+        m if m.starts_with("`input`") || m.starts_with("`input[") => json!("input"),
         m if m.starts_with("`dimensions`") => json!("dimensions"),
         m if m.starts_with("`encoding_format`") => json!("encoding_format"),
         m if m.starts_with("`model`") || kind == K::ModelNotFound => json!("model"),
@@ -216,6 +223,9 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("empty"));
+        let e = d(r#"{"model":"m","input":[[1],[]]}"#).unwrap_err();
+        assert!(matches!(e, Error::InvalidInput(_)), "{e:?}");
+        assert!(e.to_string().contains("`input[1]` is an empty list of token ids"), "{e}");
     }
 
     #[test]

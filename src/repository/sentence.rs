@@ -90,6 +90,8 @@ pub fn apply(dir: &Path, settings: &mut ModelSettings) -> Result<(), String> {
         max_length,
         // Fitted to the ONNX file's token inputs when it loads (`fit`).
         int32: false,
+        max_texts: crate::settings::pipeline::DEFAULT_MAX_TEXTS,
+        max_text_bytes: crate::settings::pipeline::DEFAULT_MAX_TEXT_BYTES,
     };
     if !dir.join(&tokenizer.file).is_file() {
         return Err(format!(

@@ -52,7 +52,19 @@ pub struct TokenizerStep {
     pub max_length: Option<usize>,
     /// Token ids and masks as INT32 instead of INT64 (for an encoder that takes INT32).
     pub int32: bool,
+    /// The most texts one request may carry (`max_texts`).
+    pub max_texts: usize,
+    /// The longest text, in bytes of UTF-8 (`max_text_bytes`), checked before
+    /// tokenizing: a text is cut to `max_length` tokens only after all of it
+    /// has been tokenized.
+    pub max_text_bytes: usize,
 }
+
+/// `max_texts` when unset: OpenAI's limit of inputs per embeddings request.
+pub const DEFAULT_MAX_TEXTS: usize = 2048;
+/// `max_text_bytes` when unset: more than the context of common encoders
+/// (8,192 tokens) in any script.
+pub const DEFAULT_MAX_TEXT_BYTES: usize = 128 << 10;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolingStep {
@@ -192,7 +204,7 @@ impl PipelineSettings {
 
 const PIPELINE: &str = "steps outputs";
 const STEP: &str = "name model version tokenizer pooling inputs outputs";
-const TOKENIZER: &str = "file max_length dtype";
+const TOKENIZER: &str = "file max_length dtype max_texts max_text_bytes";
 const POOLING: &str = "mode normalize";
 const MODES: &[(&str, PoolingMode)] = &[
     ("mean", PoolingMode::Mean),
@@ -337,10 +349,20 @@ impl Walker {
             Some((_, Some("INT32"))) => true,
             Some((v, _)) => return self.bad(&format!("{path}.dtype"), "\"INT64\" or \"INT32\"", v),
         };
+        let max_texts = match get(obj, "max_texts") {
+            None => DEFAULT_MAX_TEXTS,
+            Some(v) => self.int(v, &format!("{path}.max_texts"), 1, 1 << 24)? as usize,
+        };
+        let max_text_bytes = match get(obj, "max_text_bytes") {
+            None => DEFAULT_MAX_TEXT_BYTES,
+            Some(v) => self.int(v, &format!("{path}.max_text_bytes"), 1, 1 << 30)? as usize,
+        };
         Some(TokenizerStep {
             file,
             max_length,
             int32,
+            max_texts,
+            max_text_bytes,
         })
     }
 

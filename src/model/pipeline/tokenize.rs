@@ -8,6 +8,7 @@ use std::path::Path;
 use tokenizers::{Tokenizer, TruncationParams};
 
 use crate::error::{Error, Result};
+use crate::settings::pipeline::TokenizerStep;
 use crate::tensor::{DataType, Tensor, TensorData, TensorSpec};
 
 /// A loaded tokenizer, shared by every request of the pipeline.
@@ -18,6 +19,9 @@ pub struct Tokenize {
     pad_id: i64,
     /// Ids and masks as INT32 (else INT64).
     pub int32: bool,
+    /// The step's `max_texts` and `max_text_bytes`, checked before any text is tokenized.
+    max_texts: usize,
+    max_text_bytes: usize,
 }
 
 /// A request's texts as token ids: `[texts, longest]` each.
@@ -30,13 +34,11 @@ pub struct Tokens {
 }
 
 impl Tokenize {
-    /// Reads `file`; `max_length` replaces the file's own truncation. The
-    /// file's padding is turned off (a request is padded to its longest text).
-    pub fn load(
-        file: &Path,
-        max_length: Option<usize>,
-        int32: bool,
-    ) -> std::result::Result<Tokenize, String> {
+    /// Reads `file`; the step's `max_length` replaces the file's own
+    /// truncation. The file's padding is turned off (a request is padded to
+    /// its longest text).
+    pub fn load(file: &Path, step: &TokenizerStep) -> std::result::Result<Tokenize, String> {
+        let (max_length, int32) = (step.max_length, step.int32);
         let mut tokenizer = Tokenizer::from_file(file)
             .map_err(|e| format!("{}: not a tokenizer.json: {e}", file.display()))?;
         let pad_id = tokenizer.get_padding().map_or(0, |p| i64::from(p.pad_id));
@@ -57,6 +59,8 @@ impl Tokenize {
             max_length,
             pad_id,
             int32,
+            max_texts: step.max_texts,
+            max_text_bytes: step.max_text_bytes,
         })
     }
 
@@ -87,6 +91,16 @@ impl Tokenize {
                 text.dtype().as_str()
             )));
         };
+        self.check_count(strings.len(), &text.name)?;
+        if let Some((i, s)) = strings.iter().enumerate().find(|(_, s)| s.len() > self.max_text_bytes) {
+            return Err(Error::invalid(format!(
+                "text {i} of `{}` is {} bytes, more than the tokenizer's `max_text_bytes` of {}; \
+                 split it, or raise the pipeline's tokenizer `max_text_bytes`",
+                text.name,
+                s.len(),
+                self.max_text_bytes
+            )));
+        }
         let mut encodings = Vec::with_capacity(strings.len());
         for (i, s) in strings.iter().enumerate() {
             let s = std::str::from_utf8(s)
@@ -104,6 +118,18 @@ impl Tokenize {
                 .map(|((i, m), t)| (i64::from(*i), i64::from(*m), i64::from(*t)))
         });
         Ok(self.pack(rows.collect()))
+    }
+
+    /// Refuses more than `max_texts` texts in one request, before any is tokenized.
+    pub fn check_count(&self, texts: usize, name: &str) -> Result<()> {
+        match texts > self.max_texts {
+            true => Err(Error::invalid(format!(
+                "`{name}` holds {texts} texts, more than the tokenizer's `max_texts` of {}; \
+                 send them in several requests, or raise the pipeline's tokenizer `max_texts`",
+                self.max_texts
+            ))),
+            false => Ok(()),
+        }
     }
 
     /// Token ids a client tokenized itself, as [`Tokenize::run`] would give
