@@ -581,3 +581,72 @@ output [ { name: "total" data_type: TYPE_FP32 dims: [ 1 ] reshape: { shape: [ ] 
     );
     s.stop().await.unwrap();
 }
+
+/// Every file a configuration names stays inside the model folder, whether
+/// the configuration is in the repository or sent through the load API: a
+/// `label_filename`, `default_model_filename` or `data_file` that is
+/// absolute or climbs out with `..` fails the load naming the field, and
+/// nothing outside is read (a secret beside the repository never reaches a
+/// classification answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_a_configuration_names_stay_inside_the_model_folder() {
+    let top = tempfile::tempdir().unwrap();
+    let repo = top.path().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    let secret = top.path().join("secret.txt");
+    std::fs::write(&secret, (0..10).map(|i| format!("SECRET-{i}\n")).collect::<String>()).unwrap();
+    let onnx = root().join("model-repository/mlp/model.onnx");
+    std::fs::copy(&onnx, top.path().join("model.onnx")).unwrap();
+    let output = |file: &str| {
+        format!("max_batch_size: 8\noutput [ {{ name: \"logits\" data_type: TYPE_FP32 dims: [ 10 ] label_filename: \"{file}\" }} ]\n")
+    };
+    let bad = [
+        ("labels_abs", output(&secret.display().to_string()), "label_filename"),
+        ("labels_up", output("../../secret.txt"), "label_filename"),
+        (
+            "file_abs",
+            format!("max_batch_size: 8\ndefault_model_filename: \"{}\"\n", top.path().join("model.onnx").display()),
+            "default_model_filename",
+        ),
+        ("file_up", "max_batch_size: 8\ndefault_model_filename: \"../../model.onnx\"\n".to_string(), "default_model_filename"),
+    ];
+    for (name, config, _) in &bad {
+        let dir = repo.join(name);
+        std::fs::create_dir_all(dir.join("1")).unwrap();
+        std::fs::copy(&onnx, dir.join("1/model.onnx")).unwrap();
+        std::fs::write(dir.join("config.pbtxt"), config).unwrap();
+    }
+    let good = repo.join("good");
+    std::fs::create_dir_all(good.join("1")).unwrap();
+    std::fs::copy(&onnx, good.join("1/model.onnx")).unwrap();
+    std::fs::write(good.join("labels.txt"), (0..10).map(|i| format!("class-{i}\n")).collect::<String>()).unwrap();
+    std::fs::write(good.join("config.pbtxt"), output("labels.txt")).unwrap();
+    let s = TestServer::start_loaded(&repo, |_| {}).await;
+    let (_, index) = s.post("/v2/repository/index", &json!({})).await;
+    for (name, _, field) in &bad {
+        let entry = index.as_array().unwrap().iter().find(|e| e["name"] == *name).unwrap();
+        let reason = entry["reason"].as_str().unwrap_or("");
+        assert_ne!(entry["state"], "READY", "{entry}");
+        assert!(
+            reason.contains(field) && reason.contains("must name a file inside the model folder"),
+            "{name}: {entry}"
+        );
+    }
+    // The load API's `config` override is held to the same rule.
+    for file in [secret.display().to_string(), "../../secret.txt".to_string()] {
+        let override_ = json!({"output": [{"name": "logits", "data_type": "TYPE_FP32", "dims": [10], "label_filename": file}]});
+        let body = json!({"parameters": {"config": override_.to_string()}});
+        let (st, r) = s.post("/v2/repository/models/good/load", &body).await;
+        assert_eq!(st, 400, "{r}");
+        assert!(error_message(&r).contains("label_filename"), "{r}");
+    }
+    // The good model still classifies with its own labels, never the secret's.
+    let exp = fixture("mlp_expected.json");
+    let body = json!({"inputs": [v2_input("input", "FP32", &[1, 784], json!([exp["inputs"][0]]))],
+                      "outputs": [{"name": "logits", "parameters": {"classification": 3}}]});
+    let (st, r) = s.post("/v2/models/good/infer", &body).await;
+    assert_eq!(st, 200, "{r}");
+    let text = r.to_string();
+    assert!(text.contains("class-") && !text.contains("SECRET"), "{r}");
+    s.stop().await.unwrap();
+}

@@ -85,17 +85,20 @@ pub fn settings(s: &ModelSequenceBatching) -> Result<SequenceSettings, String> {
             use crate::protocol::grpc::inference::model_sequence_batching::initial_state::StateData;
             // Triton reads a `data_file` from the model folder's `initial_state/`.
             let initial = match st.initial_state.first().and_then(|i| i.state_data.as_ref()) {
-                Some(StateData::DataFile(f)) => Some(std::path::Path::new("initial_state").join(f)),
+                Some(StateData::DataFile(f)) => {
+                    let field = format!("state `{}`: initial_state data_file", st.input_name);
+                    Some(std::path::Path::new("initial_state").join(crate::triton::in_folder(&field, f)?))
+                }
                 _ => None,
             };
-            State {
+            Ok(State {
                 input: st.input_name.clone(),
                 output: st.output_name.clone(),
                 initial,
                 initial_bytes: None,
-            }
+            })
         })
-        .collect();
+        .collect::<Result<_, String>>()?;
     Ok(SequenceSettings {
         controls,
         states,
