@@ -295,6 +295,39 @@ async fn sequence_mistakes_are_refused_over_rest_and_grpc() {
         &[("model", "dyna_limits"), ("reason", "idle")],
     );
     assert!(idle >= 2.0, "{idle} ended idle");
+
+    // Abandoned sequences end on their own, without waiting for a start:
+    // none is live a few idle timeouts later, and the gauge says so.
+    for id in 100..120 {
+        let (status, r) = s
+            .post(url, &rest(1, json!({"sequence_id": id, "sequence_start": true})))
+            .await;
+        assert!(status == 200 || status == 503, "{r}");
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let text = s.metrics().await;
+    let live = common::reload::metric_value(&text, "sluice_sequences_live", &[("model", "dyna_limits")]);
+    assert_eq!(live, 0.0, "sequences still live after their idle timeout");
+
+    // A start of two rows is refused (one row per request, as Triton's
+    // sequence batcher), and opens nothing: the id's next request is told
+    // it needs a start, not about rows it never sent.
+    let two = json!({"inputs": [v2_input("INPUT", "INT32", &[2, 1], json!([[1], [2]]))],
+                     "parameters": {"sequence_id": 77, "sequence_start": true}});
+    let (status, r) = s.post(url, &two).await;
+    assert_eq!(status, 400, "{r}");
+    assert!(error_message(&r).contains("carries one row (batch size 1), this one carries 2"), "{r}");
+    let (status, r) = s.post(url, &rest(1, json!({"sequence_id": 77}))).await;
+    assert_eq!(status, 400, "{r}");
+    assert!(error_message(&r).contains("must specify the START flag"), "{r}");
+
+    // A string id is bounded before anything is kept.
+    let long = "x".repeat(1 << 20);
+    let (status, r) = s
+        .post(url, &rest(1, json!({"sequence_id": long, "sequence_start": true})))
+        .await;
+    assert_eq!(status, 400, "{r}");
+    assert!(error_message(&r).contains("at most 256 bytes"), "{r}");
     s.stop().await.unwrap();
 }
 

@@ -136,7 +136,7 @@ impl ModelHandle {
         let sequences = settings
             .sequence
             .clone()
-            .map(|s| Arc::new(sequence::Sequences::new(&name, s)));
+            .map(|s| sequence::Sequences::start(&name, s));
         ModelHandle {
             name,
             settings,
@@ -270,8 +270,18 @@ impl ModelHandle {
                 self.name, t.name
             )));
         }
-        let turn = s.join(req.sequence.as_ref()).await?;
         let rows = req.rows().max(1);
+        // One row per request (Triton's sequence batcher): a sequence's
+        // state has one row, and a start of two would keep two.
+        if self.settings.batching.max_batch_size > 0 && rows != 1 {
+            return Err(Error::invalid(format!(
+                "model `{}` serves sequences: each request carries one row (batch size 1), this one carries {rows} \
+                 (dim 0 of input `{}`); send each row in its own request of its own sequence",
+                self.name,
+                req.inputs.first().map_or("", |t| t.name.as_str())
+            )));
+        }
+        let turn = s.join(req.sequence.as_ref()).await?;
         req.inputs.extend(s.controls(&turn, rows, &self.signature)?);
         if s.has_state() {
             let axes = &self.settings.batch_axes;

@@ -30,6 +30,9 @@ pub struct Sequences {
     live: Mutex<HashMap<SequenceId, Arc<Live>>>,
     /// Bytes the live sequences' states hold.
     state_bytes: std::sync::atomic::AtomicU64,
+    /// The ids of the latest sequences ended idle (at most `max_sequences`),
+    /// so that their next request is told why rather than "no START".
+    idle_ended: Mutex<std::collections::VecDeque<SequenceId>>,
 }
 
 /// One live sequence.
@@ -45,6 +48,14 @@ pub struct Live {
     /// The state its last request left, named as the state inputs (empty
     /// before its first). Written by the request holding the turn.
     state: Mutex<Vec<Tensor>>,
+}
+
+/// The refusal of a request to a sequence that ended idle.
+fn timed_out(id: &SequenceId, model: &str, idle: std::time::Duration) -> Error {
+    Error::invalid(format!(
+        "inference request for sequence {id} to model '{model}': the sequence timed out (no request for {idle:?}, \
+         the model's `max_sequence_idle_microseconds`); start it again with `sequence_start`"
+    ))
 }
 
 /// A request's place in its sequence: held while it runs; the sequence ends
@@ -65,7 +76,62 @@ impl Sequences {
             settings,
             live: Mutex::new(HashMap::new()),
             state_bytes: std::sync::atomic::AtomicU64::new(0),
+            idle_ended: Mutex::new(Default::default()),
         }
+    }
+
+    /// As [`Sequences::new`], with a task that ends the sequences idle past
+    /// the timeout every half timeout (within 50 ms to 5 s), so that
+    /// abandoned sequences free their state without waiting for a start.
+    /// The task holds a weak reference and ends with the last handle.
+    pub fn start(model: &str, settings: SequenceSettings) -> Arc<Sequences> {
+        let sequences = Arc::new(Sequences::new(model, settings));
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let every = (sequences.settings.idle / 2)
+                .clamp(std::time::Duration::from_millis(50), std::time::Duration::from_secs(5));
+            let weak = Arc::downgrade(&sequences);
+            runtime.spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    let Some(s) = weak.upgrade() else { break };
+                    s.sweep();
+                }
+            });
+        }
+        sequences
+    }
+
+    /// Ends the sequences idle past the timeout with no request inside.
+    pub fn sweep(&self) {
+        let mut live = self.live.lock().expect("sequences lock poisoned");
+        self.sweep_locked(&mut live, Instant::now());
+    }
+
+    fn sweep_locked(&self, live: &mut HashMap<SequenceId, Arc<Live>>, now: Instant) {
+        let expired: Vec<SequenceId> = live
+            .iter()
+            .filter(|(_, l)| self.stale(l, now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        if expired.is_empty() {
+            return;
+        }
+        let mut idle = self.idle_ended.lock().expect("sequences lock poisoned");
+        for k in expired {
+            if let Some(l) = live.remove(&k) {
+                self.ended(&l, "idle", live.len());
+                if idle.len() >= self.settings.max_sequences.max(1) {
+                    idle.pop_front();
+                }
+                idle.push_back(k);
+            }
+        }
+    }
+
+    /// Idle past the timeout, with no request inside.
+    fn stale(&self, l: &Live, now: Instant) -> bool {
+        l.inside.load(Ordering::Acquire) == 0
+            && now.duration_since(*l.last.lock().expect("sequence lock poisoned")) > self.settings.idle
     }
 
     /// Bytes the live sequences' state holds.
@@ -222,23 +288,20 @@ impl Sequences {
         let now = Instant::now();
         let mut live = self.live.lock().expect("sequences lock poisoned");
         let idle = self.settings.idle;
-        let stale = |l: &Live| {
-            l.inside.load(Ordering::Acquire) == 0 && now.duration_since(*l.last.lock().unwrap()) > idle
-        };
         if !start {
             let found = live.get(id).cloned();
             return match found {
-                Some(l) if stale(&l) => {
+                Some(l) if self.stale(&l, now) => {
                     live.remove(id);
                     self.ended(&l, "idle", live.len());
-                    Err(Error::invalid(format!(
-                        "inference request for sequence {id} to model '{m}': the sequence timed out (no request for {idle:?}, \
-                         the model's `max_sequence_idle_microseconds`); start it again with `sequence_start`"
-                    )))
+                    Err(timed_out(id, m, idle))
                 }
                 Some(l) => {
                     *l.last.lock().unwrap() = now;
                     Ok(l)
+                }
+                None if self.idle_ended.lock().expect("sequences lock poisoned").contains(id) => {
+                    Err(timed_out(id, m, idle))
                 }
                 None => Err(Error::invalid(format!(
                     "inference request for sequence {id} to model '{m}' must specify the START flag on the first request of the sequence"
@@ -247,16 +310,7 @@ impl Sequences {
         }
         // A start sweeps the sequences that timed out, then opens this one
         // (a start of a live sequence starts it again).
-        let expired: Vec<SequenceId> = live
-            .iter()
-            .filter(|(_, l)| stale(l))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in expired {
-            if let Some(l) = live.remove(&k) {
-                self.ended(&l, "idle", live.len());
-            }
-        }
+        self.sweep_locked(&mut live, now);
         if !live.contains_key(id) && live.len() >= self.settings.max_sequences {
             return Err(Error::Busy {
                 message: format!(

@@ -20,6 +20,10 @@ impl std::fmt::Display for SequenceId {
     }
 }
 
+/// The longest string `sequence_id`, in bytes: an id is kept, with the
+/// sequence's state, for as long as the sequence lives.
+pub const MAX_ID_BYTES: usize = 256;
+
 /// The sequence parameters of one request; present when the request
 /// carries any of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +64,12 @@ pub fn read<'a>(get: impl Fn(&str) -> Option<Value<'a>>) -> Result<Option<Sequen
         Some(Value::Unsigned(n)) => Some(SequenceId::Number(n)),
         Some(Value::Signed(n)) if n > 0 => Some(SequenceId::Number(n as u64)),
         Some(Value::Text("")) => None,
+        Some(Value::Text(s)) if s.len() > MAX_ID_BYTES => {
+            return Err(Error::invalid(format!(
+                "request: parameter `sequence_id` is a string of {} bytes; a string id is at most {MAX_ID_BYTES} bytes",
+                s.len()
+            )))
+        }
         Some(Value::Text(s)) => Some(SequenceId::Text(s.to_string())),
         Some(other) => {
             return Err(Error::invalid(format!(
@@ -150,5 +160,12 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("`sequence_start` must be true or false, got 1"), "{e}");
+        // A string id is bounded: a 1 MB one would be kept as long as its sequence.
+        let long = "x".repeat(MAX_ID_BYTES + 1);
+        let long: &'static str = Box::leak(long.into_boxed_str());
+        let e = read_map(&[("sequence_id", Value::Text(long))]).unwrap_err().to_string();
+        assert!(e.contains("257 bytes") && e.contains("at most 256 bytes"), "{e}");
+        let ok: &'static str = Box::leak("y".repeat(MAX_ID_BYTES).into_boxed_str());
+        assert!(read_map(&[("sequence_id", Value::Text(ok))]).is_ok());
     }
 }
