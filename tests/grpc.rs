@@ -38,10 +38,14 @@ async fn every_rpc_answers() {
         version: String::new(),
     };
     assert!(c.model_ready(ready("digits")).await.unwrap().into_inner().ready);
-    assert_eq!(
-        c.model_ready(ready("nope")).await.unwrap_err().code(),
-        Code::NotFound
-    );
+    // A model or version that is not served is `ready: false`, as Triton
+    // answers (tritonclient's is_model_ready returns False, not raises).
+    assert!(!c.model_ready(ready("nope")).await.unwrap().into_inner().ready);
+    let v9 = ModelReadyRequest {
+        name: "digits".into(),
+        version: "9".into(),
+    };
+    assert!(!c.model_ready(v9).await.unwrap().into_inner().ready);
     let meta = c
         .server_metadata(ServerMetadataRequest {})
         .await

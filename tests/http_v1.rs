@@ -125,7 +125,12 @@ async fn model_list_and_status() {
     let s = TestServer::start(repo.path()).await;
     let (st, r) = s.get("/v1/models").await;
     assert_eq!(st, 200, "{r}");
-    assert_eq!(r, json!({"models": ["broken", "digits", "mlp"]}));
+    assert_eq!(r["models"], json!(["broken", "digits", "mlp"]), "{r}");
+    // The same body in OpenAI's shape (client.models.list()).
+    assert_eq!(r["object"], "list", "{r}");
+    let ids: Vec<&str> = r["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["broken", "digits", "mlp"]);
+    assert!(r["data"].as_array().unwrap().iter().all(|m| m["object"] == "model" && m["created"].is_u64()), "{r}");
     let (st, r) = s.get("/v1/models/digits").await;
     assert_eq!((st, r), (200, json!({"name": "digits", "ready": true})));
     let (st, r) = s.get("/v1/models/nope").await;

@@ -150,15 +150,13 @@ impl GrpcInferenceService for InferenceService {
         }))
     }
 
-    /// NOT_FOUND for an unknown model (or version); `ready: false` for a known one that does not serve.
+    /// `ready: false` for a model or version that does not serve, known or
+    /// not (Triton's answer: a client's "wait until ready" loop keeps polling).
     async fn model_ready(&self, req: Request<ModelReadyRequest>) -> Answer<ModelReadyResponse> {
         self.state.allow(&req, Scope::Inference)?;
         let r = req.into_inner();
-        match self.state.registry.servable(&r.name, non_empty(&r.version)) {
-            Ok(_) => Ok(Response::new(ModelReadyResponse { ready: true })),
-            Err(e @ (Error::ModelNotFound(_) | Error::NotFound(_))) => Err(status(&e)),
-            Err(_) => Ok(Response::new(ModelReadyResponse { ready: false })),
-        }
+        let ready = self.state.registry.servable(&r.name, non_empty(&r.version)).is_ok();
+        Ok(Response::new(ModelReadyResponse { ready }))
     }
 
     async fn server_metadata(&self, _: Request<ServerMetadataRequest>) -> Answer<ServerMetadataResponse> {

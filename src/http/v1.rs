@@ -19,11 +19,23 @@ use crate::protocol::v1;
 use crate::telemetry;
 
 /// `GET /v1/models`: the names of every model in the repository.
+/// One body carries both shapes: KServe V1's `{"models": [name, ...]}` and
+/// OpenAI's `{"object": "list", "data": [{"id", "object", "created",
+/// "owned_by"}]}` (`client.models.list()`), since both clients ask this path.
+/// `created` is the time of the answer, as vLLM writes it: sluice keeps no
+/// creation time of a model folder.
 pub async fn list(State(state): State<AppState>) -> Json<Value> {
     let mut names: Vec<String> = state.registry.list().into_iter().map(|e| e.name).collect();
     // One name per model, however many of its versions serve.
     names.dedup();
-    Json(json!({ "models": names }))
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let data: Vec<Value> = names
+        .iter()
+        .map(|n| json!({"id": n, "object": "model", "created": created, "owned_by": "sluice"}))
+        .collect();
+    Json(json!({ "models": names, "object": "list", "data": data }))
 }
 
 /// `GET /v1/models/{name}`: `{"name", "ready"}` (and `reason` when not ready).

@@ -76,6 +76,10 @@ def main() -> None:
     import openai
 
     client = openai.OpenAI(base_url=base + "/v1", api_key=sys.argv[5] if len(sys.argv) > 5 else "unused")
+    # OpenAI's model list: the served model is there, as an OpenAI model.
+    listed = {m.id: m for m in client.models.list()}
+    assert model in listed, list(listed)
+    assert listed[model].object == "model" and isinstance(listed[model].created, int), listed[model]
     all_texts = texts(ref)
     want = {t: ref.vector(t) for t in all_texts}
     tokens = {t: len(ref.ids(t)) for t in all_texts}
