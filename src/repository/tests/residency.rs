@@ -456,3 +456,55 @@ async fn a_pipelines_independent_steps_run_at_once_and_its_deadline_holds() {
         .await;
     assert_eq!(late.unwrap_err().kind(), ErrorKind::DeadlineExceeded);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelines_deadline_counts_from_arrival_across_its_steps() {
+    use crate::protocol::{InferRequest, Schedule};
+    use crate::tensor::{Tensor, TensorData};
+    let slow = |k: u32| format!("k={k} bytes={GB} run_ms=88");
+    let (a, b) = (slow(2), slow(3));
+    let f = start(&[("a", &a), ("b", &b)], budget(ResidencyMode::Eager, 10)).await;
+    std::fs::create_dir(f.dir.path().join("chain")).unwrap();
+    std::fs::write(
+        f.dir.path().join("chain/model-settings.json"),
+        r#"{"pipeline": {"steps": [
+              {"model": "a", "inputs": {"x": "x"}, "outputs": {"y": "ya"}},
+              {"model": "b", "inputs": {"x": "ya"}, "outputs": {"y": "yb"}}], "outputs": ["yb"]}}"#,
+    )
+    .unwrap();
+    f.repo.rescan();
+    let t0 = Instant::now();
+    while f.repo.registry().ready("chain", None).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the pipeline loads");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let chain = f.repo.registry().ready("chain", None).unwrap();
+    let request = |timeout| InferRequest {
+        id: None,
+        inputs: vec![Tensor::new("x", vec![1, 2], TensorData::F32(vec![1.0, 1.0])).unwrap()],
+        outputs: None,
+        schedule: Schedule {
+            timeout,
+            priority: None,
+        },
+        classify: Vec::new(),
+        sequence: None,
+    };
+    // Whole: 6x after two steps of 88 ms.
+    let answer = chain.infer(request(None), Instant::now()).await.unwrap();
+    match &answer.outputs[0].data {
+        TensorData::F32(v) => assert_eq!(v[0], 6.0),
+        other => panic!("{}", other.dtype()),
+    }
+    // 44 ms from arrival: refused once they have passed, naming the
+    // request's own timeout, not what was left of it at a step.
+    let arrival = Instant::now();
+    let late = chain
+        .infer(request(Some(Duration::from_millis(44))), arrival)
+        .await
+        .unwrap_err();
+    let waited = arrival.elapsed();
+    assert_eq!(late.kind(), ErrorKind::DeadlineExceeded, "{late}");
+    assert!(late.to_string().contains("44ms"), "{late}");
+    assert!(waited < Duration::from_millis(88), "answered after {waited:?}");
+}
