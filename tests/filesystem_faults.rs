@@ -236,6 +236,51 @@ async fn hot_reload_survives_the_repository_root_moving_away_and_back() {
     s.stop().await.unwrap();
 }
 
+/// In `on_demand` residency, models asked for while the repository root is
+/// renamed away fail to load; once the root is back they load again at
+/// their next request, although none of their files changed (they used to
+/// stay failed until a file was touched).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_that_failed_while_the_root_was_away_load_once_it_is_back() {
+    let _gauge = GAUGE.write().await;
+    let parent = tempfile::tempdir().unwrap();
+    let root = parent.path().join("repo");
+    let away = parent.path().join("repo.away");
+    copy_dir(repo_with(&["digits", "scalar_out"]).path(), &root);
+    let s = TestServer::start_with(&root, |c| {
+        c.residency.mode = sluice::config::ResidencyMode::OnDemand;
+        c.model_repository.poll_interval_seconds = 0.2;
+    })
+    .await;
+    std::fs::rename(&root, &away).unwrap();
+    // Asked for while away: each load fails (the files are not there).
+    let (body, _) = digits_request(3);
+    let (sums, total) = scalar_request(0);
+    let t0 = Instant::now();
+    let mut refused = 0;
+    while t0.elapsed() < Duration::from_millis(1500) {
+        let a = infer(&s.client, &s.url("/v2/models/digits/infer"), &body).await;
+        let b = infer(&s.client, &s.url("/v2/models/scalar_out/infer"), &sums).await;
+        refused += (a.status != 200) as u32 + (b.status != 200) as u32;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(refused > 0, "no load failed while the root was away");
+    std::fs::rename(&away, &root).unwrap();
+    // Back: both serve again, right.
+    wait_for("digits to serve again", || async {
+        let a = infer(&s.client, &s.url("/v2/models/digits/infer"), &body).await;
+        (a.status == 200).then_some(())
+    })
+    .await;
+    assert_digits_serve(&s).await;
+    wait_for("scalar_out to serve again", || async {
+        let b = infer(&s.client, &s.url("/v2/models/scalar_out/infer"), &sums).await;
+        (b.status == 200 && flat_f64(&v2_output(&b.body, "total")["data"]) == [total]).then_some(())
+    })
+    .await;
+    s.stop().await.unwrap();
+}
+
 /// Replaces the symlink `link` by one to `target`, atomically (rename).
 fn swap_link(link: &Path, target: &str) {
     let tmp = link.with_file_name(".swap");

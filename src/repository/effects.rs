@@ -22,6 +22,11 @@ impl Repository {
         let Some(t) = self.tracked.get_mut(folder) else {
             return false;
         };
+        // A load that failed while the folder was away is tried again at
+        // the next rescan, which comes once the folder is back.
+        if let Event::Failed { error, .. } = &event {
+            t.retry = !t.dir.is_dir() || error.message().contains("(os error 2)");
+        }
         // New settings wait on disk under their own timeout and queue size.
         let renew = matches!(event, Event::Usable { .. });
         let batching = t.seen.settings.as_ref().ok().map(|s| s.batching);

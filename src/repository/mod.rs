@@ -141,6 +141,10 @@ struct Tracked {
     /// What its last load of this file held, per device: its charge
     /// against the residency budgets before its next load.
     known: Option<(FileStamp, residency::Charge)>,
+    /// Its last load failed while its folder was away (the repository root
+    /// renamed, a volume remounting) or a file vanished under it: the next
+    /// rescan tries it again although its files look as they did.
+    retry: bool,
 }
 
 /// A version that serves: its handle (settings inside) and the file stamp
@@ -470,10 +474,11 @@ impl Repository {
         // file that reappears): its content may be whole now although its
         // digest is what it was when the load failed.
         let retry = t.phase.refused().is_some()
-            && match (&t.seen.file, &now.file) {
-                (Ok(seen), Ok(file)) => file.touched_since(seen),
-                (seen, file) => seen.is_err() != file.is_err(),
-            };
+            && (std::mem::take(&mut t.retry)
+                || match (&t.seen.file, &now.file) {
+                    (Ok(seen), Ok(file)) => file.touched_since(seen),
+                    (seen, file) => seen.is_err() != file.is_err(),
+                });
         let before = if force || retry {
             Stamp {
                 settings: Err(String::new()),
@@ -527,6 +532,7 @@ impl Repository {
                 phase: Phase::OnDisk,
                 cold: None,
                 known: None,
+                retry: false,
             },
         );
         let event = match now.settings {
