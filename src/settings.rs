@@ -512,9 +512,14 @@ impl ModelSettings {
     /// dim, as Triton writes it). The error names every mismatch.
     pub fn check_declared(&self, signature: &Signature) -> Result<(), String> {
         let mut problems = Vec::new();
+        // Named as the file the operator wrote names them.
+        let (file, fields, datatype, shape_key) = match self.triton_config.is_some() {
+            true => ("config.pbtxt", ["input", "output"], "data_type", "dims"),
+            false => ("model-settings.json", ["inputs", "outputs"], "datatype", "shape"),
+        };
         for (field, declared, actual) in [
-            ("inputs", &self.declared.inputs, &signature.inputs),
-            ("outputs", &self.declared.outputs, &signature.outputs),
+            (fields[0], &self.declared.inputs, &signature.inputs),
+            (fields[1], &self.declared.outputs, &signature.outputs),
         ] {
             for (i, d) in declared.iter().flatten().enumerate() {
                 let Some(a) = actual.iter().find(|a| a.name == d.name) else {
@@ -528,13 +533,13 @@ impl ModelSettings {
                 };
                 if let Some(dt) = d.datatype.filter(|dt| *dt != a.dtype) {
                     problems.push(format!(
-                        "`{field}[{i}].datatype` of `{}` is {dt}, but the ONNX file says {}",
+                        "`{field}[{i}].{datatype}` of `{}` is {dt}, but the ONNX file says {}",
                         d.name, a.dtype
                     ));
                 }
                 if let Some(shape) = d.shape.as_ref().filter(|s| !shape_fits(s, &a.shape)) {
                     problems.push(format!(
-                        "`{field}[{i}].shape` of `{}` is {shape:?}, but the ONNX file says {:?} (-1: any size)",
+                        "`{field}[{i}].{shape_key}` of `{}` is {shape:?}, but the ONNX file says {:?} (-1: any size)",
                         d.name, a.shape
                     ));
                 }
@@ -543,7 +548,7 @@ impl ModelSettings {
         match problems.is_empty() {
             true => Ok(()),
             false => Err(format!(
-                "model-settings.json declares a signature the ONNX file does not have: {}",
+                "{file} declares a signature the ONNX file does not have: {}",
                 problems.join("; ")
             )),
         }

@@ -46,12 +46,17 @@ impl Repository {
             .filter(|t| Some(&t.dir) == dir.as_ref() && !keys.contains(&t.folder))
             .map(|t| t.folder.clone())
             .collect();
+        // What refused a load that left nothing refused behind: no room
+        // under the residency budgets (the model stays on disk).
+        let mut no_room = None;
         for (md, now) in found {
             let force = self
                 .tracked
                 .get(&md.folder)
                 .is_some_and(|t| t.phase.serving().is_none());
-            self.apply(md, now, force).await;
+            if let Err(e) = self.apply(md, now, force).await {
+                no_room.get_or_insert(e);
+            }
         }
         for key in stale {
             self.remove(&key);
@@ -66,6 +71,9 @@ impl Repository {
             }
             match self.registry.entry(&t.name, &key) {
                 Some(e) if e.state == ModelState::Ready => {}
+                Some(e) if e.state == ModelState::OnDisk && no_room.is_some() => {
+                    return Err(no_room.take().expect("checked"));
+                }
                 Some(e) => {
                     return Err(Error::invalid(format!(
                         "model `{name}` failed to load: {}",

@@ -353,7 +353,7 @@ impl Repository {
             )
         });
         for (md, now) in dirs {
-            self.apply(md, now, false).await;
+            let _ = self.apply(md, now, false).await;
         }
         for key in gone_versions {
             self.remove(&key);
@@ -440,7 +440,7 @@ impl Repository {
     /// Brings one folder, seen as `now`, up to date (`force`: load it now
     /// whatever residency says, also when unchanged; the repository API's
     /// load of a model with nothing serving).
-    async fn apply(&mut self, md: ModelDir, now: Stamp, force: bool) {
+    async fn apply(&mut self, md: ModelDir, now: Stamp, force: bool) -> Result<(), Error> {
         // Unusable settings cannot rename a model: it keeps its name (and
         // its last good version) instead of counting as removed.
         let name = match (&md.settings, self.tracked.get(&md.folder)) {
@@ -453,7 +453,7 @@ impl Repository {
                 model = %name, folder = %md.dir.display(), other = %owner.dir.display(),
                 "two folders declare the same model name; this one is ignored"
             );
-            return;
+            return Ok(());
         }
         let folder = md.folder.clone();
         let Some(t) = self.tracked.get_mut(&folder) else {
@@ -461,7 +461,7 @@ impl Repository {
         };
         if matches!(t.phase, Phase::Unloaded) && !force {
             t.seen = now;
-            return;
+            return Ok(());
         }
         if t.name != name {
             // Renamed through `name`: the old model goes, the new one comes.
@@ -496,7 +496,7 @@ impl Repository {
             // The folder changed back to exactly what serves (a refused edit
             // was undone): the note about the refused change no longer holds.
             Change::None if changed => Event::Unchanged,
-            Change::None => return,
+            Change::None => return Ok(()),
             Change::Invalid(reason) => {
                 let error = self.refusal(&folder, LoadError::Files(reason));
                 match force {
@@ -516,11 +516,11 @@ impl Repository {
             Change::Reload(_) => Event::Usable { now: true },
         };
         // The outcome is logged, published and counted where it happens.
-        let _ = self.drive(&folder, event).await;
+        self.drive(&folder, event).await
     }
 
     /// A folder seen for the first time.
-    async fn add(&mut self, md: ModelDir, now: Stamp) {
+    async fn add(&mut self, md: ModelDir, now: Stamp) -> Result<(), Error> {
         let folder = md.folder.clone();
         self.tracked.insert(
             folder.clone(),
@@ -544,7 +544,7 @@ impl Repository {
                 now: self.loads_now(&folder, &settings),
             },
         };
-        let _ = self.drive(&folder, event).await;
+        self.drive(&folder, event).await
     }
 
     /// A folder disappeared: the model stops taking requests; accepted ones

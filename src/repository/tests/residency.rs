@@ -508,3 +508,14 @@ async fn a_pipelines_deadline_counts_from_arrival_across_its_steps() {
     assert!(late.to_string().contains("44ms"), "{late}");
     assert!(waited < Duration::from_millis(88), "answered after {waited:?}");
 }
+
+#[tokio::test]
+async fn the_load_api_names_the_budget_a_model_can_never_fit_in() {
+    // 3 GB against a 2 GB host budget: never loadable.
+    let big = format!("k=2 bytes={}", 3 * GB);
+    let f = start(&[("big", &big)], budget(ResidencyMode::OnDemand, 2)).await;
+    let e = f.repo.load("big", None).await.unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("it cannot be loaded; raise residency.host_bytes"), "{text}");
+    assert!(!text.contains("its next request loads it"), "{text}");
+}

@@ -36,6 +36,14 @@ fn declared_inputs_and_outputs_parse_and_check_against_the_signature() {
     ] {
         assert!(err.contains(part), "{part} not in {err}");
     }
+    assert!(err.starts_with("model-settings.json declares"), "{err}");
+    // From a config.pbtxt, the message names that file and its fields.
+    let mut from_triton = bad.clone();
+    from_triton.triton_config = Some(serde_json::json!({}));
+    let err = from_triton.check_declared(&sig).unwrap_err();
+    assert!(err.starts_with("config.pbtxt declares"), "{err}");
+    assert!(err.contains("`input[0].data_type` of `input` is FP64"), "{err}");
+    assert!(err.contains("`input[0].dims` of `input` is [-1, 8]"), "{err}");
     assert_eq!(
         problems(r#"{"inputs": [{"datatype": "FLOAT", "shape": [1.5]}], "outputs": {}}"#),
         [
