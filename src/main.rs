@@ -280,6 +280,28 @@ fn serve(file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
     }
 }
 
+/// The model folder `dir` names: itself, or for a Triton version folder
+/// (`tmlp/1/`, a positive integer inside a folder with a `config.pbtxt`),
+/// the model folder that holds it, which names the model and its config.
+fn model_folder_of(dir: &Path) -> std::path::PathBuf {
+    let real = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let version = real
+        .file_name()
+        .and_then(|n| n.to_str())
+        .filter(|n| !n.starts_with('0') && n.parse::<u64>().is_ok_and(|v| v > 0));
+    match (version, real.parent()) {
+        (Some(v), Some(parent)) if parent.join("config.pbtxt").is_file() => {
+            println!(
+                "{} is version {v} of the model folder {}: checking that folder",
+                dir.display(),
+                parent.display()
+            );
+            parent.to_path_buf()
+        }
+        _ => dir.to_path_buf(),
+    }
+}
+
 /// The settings of the model folder `dir`, as the repository scan reads them.
 fn folder_settings(dir: &Path, cfg: &Config) -> Result<sluice::settings::ModelSettings, String> {
     // The folder's parent is the repository an absolute `parameters.uri` must stay inside.
@@ -307,6 +329,7 @@ fn check(dir: &Path, file: Option<&Path>, cli: &CliOverrides) -> ExitCode {
         Ok((c, _)) => c,
         Err(e) => return fail(e),
     };
+    let dir = &model_folder_of(dir);
     let settings = match folder_settings(dir, &cfg) {
         Ok(s) => s,
         Err(e) => return fail(e),

@@ -512,3 +512,15 @@ model_warmup [ {{ name: "w" batch_size: 4 count: 2
         "{out}"
     );
 }
+
+/// `sluice check` on a Triton version folder checks the model folder that
+/// holds it, named as the folder (it used to name the model "1").
+#[test]
+fn check_of_a_version_folder_checks_its_model_named_as_its_folder() {
+    let mut cmd = sluice();
+    cmd.args(["check", "tests/fixtures/triton/model_repository/simple/1/"]);
+    let (status, out, err) = run(cmd);
+    assert!(status.success(), "{out}\n{err}");
+    assert!(out.contains("is version 1 of the model folder"), "{out}");
+    assert!(out.contains("model simple ") && !out.contains("model 1 "), "{out}");
+}

@@ -189,10 +189,13 @@ fn versions(dir: &Path, filename: &str) -> std::io::Result<Vec<u64>> {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
         // Triton's versions are positive integers with no sign or padding.
-        let Ok(v) = name.parse::<u64>() else { continue };
-        if v == 0 || name.starts_with('0') || name.starts_with('+') {
+        let v = name.parse::<u64>().ok();
+        let Some(v) = v.filter(|v| *v != 0 && !name.starts_with('0') && !name.starts_with('+')) else {
+            if !name.starts_with('.') && entry.path().is_dir() {
+                not_a_version(&entry.path());
+            }
             continue;
-        }
+        };
         if filename.is_empty() && entry.path().is_dir()
             || !filename.is_empty() && entry.path().join(filename).exists()
         {
@@ -201,6 +204,22 @@ fn versions(dir: &Path, filename: &str) -> std::io::Result<Vec<u64>> {
     }
     out.sort_unstable();
     Ok(out)
+}
+
+/// Says once per folder that it is not a version: Triton's versions are
+/// folders named by a positive integer, and an operator who wrote `v1` or
+/// `01` should learn why it is not served. Once: the repository is scanned
+/// again at every change.
+fn not_a_version(path: &Path) {
+    static SAID: std::sync::Mutex<Option<std::collections::HashSet<std::path::PathBuf>>> =
+        std::sync::Mutex::new(None);
+    let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
+    if said.get_or_insert_with(Default::default).insert(path.to_path_buf()) {
+        tracing::warn!(
+            folder = %path.display(),
+            "not a version folder (a version is a positive integer with no sign or leading zero, e.g. `1`); skipped"
+        );
+    }
 }
 
 /// The versions `config.version_policy` selects among `on_disk` (ascending;
