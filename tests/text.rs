@@ -422,6 +422,10 @@ async fn a_pipeline_runs_each_step_through_its_model() {
         "{msg}"
     );
     assert_eq!(s.get("/v2/models/one_step/ready").await.0, 503);
+    // The repository index agrees with readiness, and names the step.
+    let entry = s.index_entry("one_step").await.unwrap();
+    assert_eq!(entry["state"], "UNAVAILABLE", "{entry}");
+    assert!(entry["reason"].as_str().unwrap().contains("step model `identity`"), "{entry}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

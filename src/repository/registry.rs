@@ -342,14 +342,27 @@ impl Registry {
         out
     }
 
-    /// Every entry, sorted by name, then by version.
+    /// Every entry, sorted by name, then by version. A pipeline whose step
+    /// models do not all serve is listed UNAVAILABLE, naming the step, as
+    /// its readiness says (the index and readiness agree).
     pub fn list(&self) -> Vec<ModelEntry> {
-        let models = self.models.read().expect("registry lock poisoned");
         let mut out = Vec::new();
-        for versions in models.values() {
-            let mut entries: Vec<&ModelEntry> = versions.values().collect();
-            entries.sort_by_key(|e| e.version.as_deref().map(version_order));
-            out.extend(entries.into_iter().cloned());
+        {
+            let models = self.models.read().expect("registry lock poisoned");
+            for versions in models.values() {
+                let mut entries: Vec<&ModelEntry> = versions.values().collect();
+                entries.sort_by_key(|e| e.version.as_deref().map(version_order));
+                out.extend(entries.into_iter().cloned());
+            }
+        }
+        for e in out.iter_mut().filter(|e| e.state == ModelState::Ready) {
+            if e.handle.as_ref().is_some_and(|h| h.pipeline().is_some()) {
+                if let Err(why) = self.servable(&e.name, e.version.as_deref()) {
+                    e.state = ModelState::Unavailable {
+                        reason: why.to_string(),
+                    };
+                }
+            }
         }
         out
     }
