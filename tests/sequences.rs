@@ -701,3 +701,54 @@ async fn a_model_with_live_sequences_is_not_evicted() {
     assert_eq!(status, 200, "no sequence is live: vad_a makes room: {body}");
     s.stop().await.unwrap();
 }
+
+/// silero-vad as Triton users write it: `max_batch_size: 0`, the state's
+/// full shape in `dims` and `initial_state { zero_data: true }`. The ONNX
+/// file leaves the state's middle dim open; the configuration's dims fill
+/// it, and each clip answers as Python ONNX Runtime carrying the state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silero_vad_as_triton_users_configure_it_serves_from_zero_state() {
+    let repo = silero_repository();
+    let dir = repo.path().join("silero");
+    std::fs::remove_file(dir.join("model-settings.json")).unwrap();
+    std::fs::create_dir(dir.join("1")).unwrap();
+    std::fs::rename(dir.join("model.onnx"), dir.join("1/model.onnx")).unwrap();
+    std::fs::write(
+        dir.join("config.pbtxt"),
+        r#"name: "silero"
+backend: "onnxruntime"
+max_batch_size: 0
+sequence_batching {
+  max_sequence_idle_microseconds: 60000000
+  state [
+    {
+      input_name: "state"
+      output_name: "stateN"
+      data_type: TYPE_FP32
+      dims: [ 2, 1, 128 ]
+      initial_state: { data_type: TYPE_FP32 dims: [ 2, 1, 128 ] zero_data: true name: "zeros" }
+    }
+  ]
+}
+"#,
+    )
+    .unwrap();
+    let (clips, want) = clips_and_probabilities(&dir.join("1/model.onnx"), None);
+    let s = TestServer::start(repo.path()).await;
+    for (c, clip) in clips.iter().take(4).enumerate() {
+        for (k, chunk) in clip.iter().enumerate() {
+            let body = json!({
+                "inputs": [
+                    v2_input("input", "FP32", &[1, 512], json!([chunk])),
+                    v2_input("sr", "INT64", &[], json!([16000])),
+                ],
+                "parameters": {"sequence_id": c + 1, "sequence_start": k == 0, "sequence_end": k == CHUNKS - 1},
+            });
+            let (status, a) = s.post("/v2/models/silero/infer", &body).await;
+            assert_eq!(status, 200, "clip {c} chunk {k}: {a}");
+            let p = flat_f64(&v2_output(&a, "output")["data"])[0];
+            assert!((p - want[c][k] as f64).abs() < 1e-4, "clip {c} chunk {k}: {p} vs {}", want[c][k]);
+        }
+    }
+    s.stop().await.unwrap();
+}

@@ -166,21 +166,7 @@ impl Sequences {
                     st.input
                 )));
             };
-            let axis = axes.get(&st.input).copied().unwrap_or(0);
-            let mut shape = Vec::with_capacity(spec.shape.len());
-            for (i, d) in spec.shape.iter().enumerate() {
-                shape.push(match (*d, i == axis) {
-                    (_, true) => rows,
-                    (d, false) if d >= 0 => d as usize,
-                    _ => {
-                        return Err(Error::invalid(format!(
-                            "model `{}`: state input `{}` has shape {:?}: sluice makes a sequence's first state as zeros, \
-                             which needs every dim but the batch axis ({axis}) fixed",
-                            self.model, st.input, spec.shape
-                        )))
-                    }
-                });
-            }
+            let shape = self.first_shape(st, &spec.shape, axes, rows)?;
             let n: usize = shape.iter().product();
             let data = match &st.initial_bytes {
                 Some(bytes) => initial(&st.input, spec.dtype, &shape, bytes, rows)?,
@@ -189,6 +175,46 @@ impl Sequences {
             out.push(Tensor::new(st.input.clone(), shape, data).map_err(Error::Internal)?);
         }
         Ok(out)
+    }
+
+    /// The shape of a sequence's first state `st`: `rows` on its batch axis
+    /// (a model with a batch dimension), each dim the ONNX file fixes, and
+    /// for each it leaves open the configuration's `dims`.
+    fn first_shape(
+        &self,
+        st: &crate::settings::sequence::State,
+        onnx: &[i64],
+        axes: &std::collections::BTreeMap<String, usize>,
+        rows: usize,
+    ) -> Result<Vec<usize>, Error> {
+        let batched = self.settings.batched;
+        let axis = axes.get(&st.input).copied().unwrap_or(0);
+        let mut shape = Vec::with_capacity(onnx.len());
+        for (i, d) in onnx.iter().enumerate() {
+            // The configuration's dims leave out the batch axis.
+            let declared = match batched && i > axis {
+                true => st.dims.get(i - 1),
+                false => st.dims.get(i),
+            };
+            shape.push(match (*d, batched && i == axis, declared) {
+                (_, true, _) => rows,
+                (d, false, _) if d >= 0 => d as usize,
+                (_, false, Some(&c)) if c >= 0 => c as usize,
+                _ => {
+                    let axis = match batched {
+                        true => format!("the batch axis ({axis})"),
+                        false => "none (`max_batch_size: 0`)".into(),
+                    };
+                    return Err(Error::invalid(format!(
+                        "model `{}`: state input `{}` has shape {onnx:?} and the configuration declares dims {:?}: \
+                         sluice makes a sequence's first state as zeros, which needs every dim but the batch axis \
+                         fixed (batch axis: {axis}); give the state's full `dims` in config.pbtxt",
+                        self.model, st.input, st.dims
+                    )));
+                }
+            });
+        }
+        Ok(shape)
     }
 
     /// The outputs the server keeps (`requested`: the client's list, if it

@@ -379,6 +379,7 @@ mod tests {
             states: vec![state("state", "stateN")],
             idle: std::time::Duration::from_secs(1),
             max_sequences: 4,
+            batched: true,
         });
         assert_eq!(check_sequence(&settings, &sig), Ok(()));
         let seq = settings.sequence.as_mut().unwrap();

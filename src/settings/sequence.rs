@@ -28,6 +28,11 @@ pub struct SequenceSettings {
     pub idle: Duration,
     /// Most sequences live at once; a start past it is refused (503).
     pub max_sequences: usize,
+    /// The model has a batch dimension (Triton's `max_batch_size` > 0): a
+    /// state's batch axis takes the request's rows. Without one, a state's
+    /// shape is the whole of what the ONNX file and the configuration's
+    /// `dims` say.
+    pub batched: bool,
 }
 
 /// One implicit state: `output` of a request is `input` of the sequence's
@@ -42,6 +47,11 @@ pub struct State {
     pub initial: Option<std::path::PathBuf>,
     /// Its bytes, read when the model loads.
     pub initial_bytes: Option<std::sync::Arc<Vec<u8>>>,
+    /// One sequence's state shape as the configuration declares it
+    /// (config.pbtxt `state.dims`, else its `initial_state.dims`; without
+    /// the batch dimension when the model has one): fills the dimensions
+    /// the ONNX file leaves open. Empty: none declared.
+    pub dims: Vec<i64>,
 }
 
 /// Settings compare by what is written in them: the bytes a load read are
@@ -115,6 +125,7 @@ impl Walker {
             states: Vec::new(),
             idle: DEFAULT_IDLE,
             max_sequences: DEFAULT_MAX_SEQUENCES,
+            batched: true,
         };
         // Every field is checked, so that one message names every mistake.
         if let Some(v) = get(obj, "idle_timeout") {
@@ -186,6 +197,7 @@ impl Walker {
                     output: output.to_string(),
                     initial,
                     initial_bytes: None,
+                    dims: Vec::new(),
                 }),
                 _ => {
                     self.push::<()>(format!(

@@ -41,7 +41,9 @@ pub fn settings(
     settings.ignored = ignored;
     settings.reshape = reshapes(config);
     match &config.scheduling_choice {
-        Some(SchedulingChoice::SequenceBatching(s)) => settings.sequence = Some(sequence::settings(s)?),
+        Some(SchedulingChoice::SequenceBatching(s)) => {
+            settings.sequence = Some(sequence::settings(s, config.max_batch_size > 0)?)
+        }
         Some(SchedulingChoice::EnsembleScheduling(e)) => {
             settings.pipeline = Some(ensemble::pipeline(config, e)?)
         }

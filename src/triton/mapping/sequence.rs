@@ -35,7 +35,8 @@ pub fn batching(s: &ModelSequenceBatching, top: &mut Map<String, Value>, ignored
 
 /// The sequence settings of `s`; a control that names no kind sluice knows,
 /// or gives no values, is refused naming it.
-pub fn settings(s: &ModelSequenceBatching) -> Result<SequenceSettings, String> {
+/// `batched`: the model has a batch dimension (`max_batch_size` > 0).
+pub fn settings(s: &ModelSequenceBatching, batched: bool) -> Result<SequenceSettings, String> {
     let mut controls = Vec::new();
     for input in &s.control_input {
         for c in &input.control {
@@ -91,11 +92,16 @@ pub fn settings(s: &ModelSequenceBatching) -> Result<SequenceSettings, String> {
                 }
                 _ => None,
             };
+            let dims = match (st.dims.is_empty(), st.initial_state.first()) {
+                (true, Some(i)) => i.dims.clone(),
+                _ => st.dims.clone(),
+            };
             Ok(State {
                 input: st.input_name.clone(),
                 output: st.output_name.clone(),
                 initial,
                 initial_bytes: None,
+                dims,
             })
         })
         .collect::<Result<_, String>>()?;
@@ -104,6 +110,7 @@ pub fn settings(s: &ModelSequenceBatching) -> Result<SequenceSettings, String> {
         states,
         idle,
         max_sequences,
+        batched,
     })
 }
 
