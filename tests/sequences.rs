@@ -752,3 +752,53 @@ sequence_batching {
     }
     s.stop().await.unwrap();
 }
+
+/// Kept state is held in the server's byte budget: sequences a client
+/// opens and leaves cannot hold more than `http.max_inflight_bytes`. A start
+/// whose state does not fit is answered 503 naming the budget, and other
+/// requests are still served once the held sequences end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequence_state_is_held_in_the_byte_budget() {
+    let repo = silero_repository();
+    let s = TestServer::start_with(repo.path(), |c| c.http.max_inflight_bytes = 48 << 10).await;
+    let chunk = vec![0.0f32; 512];
+    let body = |id: usize, start: bool, end: bool| {
+        json!({
+            "inputs": [
+                v2_input("input", "FP32", &[1, 512], json!([chunk])),
+                v2_input("sr", "INT64", &[], json!([16000])),
+            ],
+            "parameters": {"sequence_id": id, "sequence_start": start, "sequence_end": end},
+        })
+    };
+    // Each sequence keeps 2 x 1 x 128 FP32 (1 KiB); 48 KiB cannot hold 100.
+    let (mut ok, mut refused) = (Vec::new(), 0);
+    for id in 1..=100 {
+        let (status, r) = s.post("/v2/models/silero/infer", &body(id, true, false)).await;
+        match status {
+            200 => ok.push(id),
+            503 => {
+                let msg = error_message(&r);
+                assert!(msg.contains("state of 1024 bytes does not fit") && msg.contains("http.max_inflight_bytes"), "{msg}");
+                refused += 1;
+            }
+            _ => panic!("{status}: {r}"),
+        }
+    }
+    assert!(refused > 0 && !ok.is_empty(), "{} kept, {refused} refused", ok.len());
+    let text = s.metrics().await;
+    let held = common::reload::metric_value(&text, "sluice_sequence_state_bytes", &[("model", "silero")]);
+    assert!(held <= (48 << 10) as f64, "{held} bytes of state under a 48 KiB budget");
+    // A refused start left no sequence behind: its next request needs a start.
+    let refused_id = (1..=100).find(|i| !ok.contains(i)).unwrap();
+    let (status, r) = s.post("/v2/models/silero/infer", &body(refused_id, false, false)).await;
+    assert_eq!(status, 400, "{r}");
+    // The kept ones end; their bytes come back, and new sequences fit again.
+    for id in &ok {
+        let (status, r) = s.post("/v2/models/silero/infer", &body(*id, false, true)).await;
+        assert_eq!(status, 200, "{r}");
+    }
+    let (status, r) = s.post("/v2/models/silero/infer", &body(1000, true, true)).await;
+    assert_eq!(status, 200, "{r}");
+    s.stop().await.unwrap();
+}

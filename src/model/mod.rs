@@ -234,6 +234,11 @@ impl ModelHandle {
         Ok(())
     }
 
+    /// Its live sequences, if it is a sequence model.
+    pub fn sequences(&self) -> Option<&Arc<sequence::Sequences>> {
+        self.sequences.as_ref()
+    }
+
     /// Sequences live on this version now.
     pub fn live_sequences(&self) -> usize {
         self.sequences.as_ref().map_or(0, |s| s.live())
@@ -402,7 +407,7 @@ impl ModelHandle {
             self.reshape(&mut req.inputs, Reshape::to_model)?;
         }
         // Held until the answer: the sequence's next request waits for it.
-        let turn = match &self.sequences {
+        let mut turn = match &self.sequences {
             None => self.no_sequence(&req)?,
             Some(s) => Some(self.join_sequence(s, &mut req).await?),
         };
@@ -412,8 +417,8 @@ impl ModelHandle {
             .batcher
             .submit(req.inputs, req.outputs.as_deref(), arrival, req.schedule)
             .await?;
-        if let (Some(s), Some(t)) = (&self.sequences, &turn) {
-            s.keep_state(t, &mut tensors);
+        if let (Some(s), Some(t)) = (&self.sequences, &mut turn) {
+            s.keep_state(t, &mut tensors)?;
         }
         if !self.settings.reshape.is_empty() {
             self.reshape(&mut tensors, Reshape::to_client)?;

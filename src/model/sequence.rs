@@ -30,6 +30,10 @@ pub struct Sequences {
     live: Mutex<HashMap<SequenceId, Arc<Live>>>,
     /// Bytes the live sequences' states hold.
     state_bytes: std::sync::atomic::AtomicU64,
+    /// The server's byte budget (`http.max_inflight_bytes`), which every
+    /// kept state is held in: a client holds state for as long as it likes.
+    /// Set once by the repository when the model loads.
+    budget: std::sync::OnceLock<crate::budget::ByteBudget>,
     /// The ids of the latest sequences ended idle (at most `max_sequences`),
     /// so that their next request is told why rather than "no START".
     idle_ended: Mutex<std::collections::VecDeque<SequenceId>>,
@@ -47,7 +51,7 @@ pub struct Live {
     ended: AtomicBool,
     /// The state its last request left, named as the state inputs (empty
     /// before its first). Written by the request holding the turn.
-    state: Mutex<Vec<Tensor>>,
+    state: Mutex<Kept>,
 }
 
 /// The refusal of a request to a sequence that ended idle.
@@ -58,6 +62,20 @@ fn timed_out(id: &SequenceId, model: &str, idle: std::time::Duration) -> Error {
     ))
 }
 
+/// A sequence's state between its requests, and what it holds of the
+/// server's byte budget while it is kept.
+#[derive(Default)]
+struct Kept {
+    tensors: Vec<Tensor>,
+    _held: Option<crate::budget::Reservation>,
+}
+
+impl Kept {
+    fn bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.data.heap_bytes() as u64).sum()
+    }
+}
+
 /// A request's place in its sequence: held while it runs; the sequence ends
 /// when the request that carried the end flag is done.
 pub struct Turn {
@@ -66,6 +84,9 @@ pub struct Turn {
     live: Arc<Live>,
     start: bool,
     end: bool,
+    /// Why the sequence ends with this request (`end`, or `no_room` when its
+    /// state did not fit), for `sluice_sequences_ended_total`.
+    why: &'static str,
     _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
@@ -77,7 +98,13 @@ impl Sequences {
             live: Mutex::new(HashMap::new()),
             state_bytes: std::sync::atomic::AtomicU64::new(0),
             idle_ended: Mutex::new(Default::default()),
+            budget: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Holds every kept state in `budget` from now on.
+    pub fn hold_in(&self, budget: crate::budget::ByteBudget) {
+        let _ = self.budget.set(budget);
     }
 
     /// As [`Sequences::new`], with a task that ends the sequences idle past
@@ -154,7 +181,7 @@ impl Sequences {
         sig: &Signature,
         axes: &std::collections::BTreeMap<String, usize>,
     ) -> Result<Vec<Tensor>, Error> {
-        let kept = turn.live.state.lock().expect("state lock poisoned").clone();
+        let kept = turn.live.state.lock().expect("state lock poisoned").tensors.clone();
         if !kept.is_empty() {
             return Ok(kept);
         }
@@ -230,8 +257,10 @@ impl Sequences {
     }
 
     /// Takes the state outputs out of `outputs` and keeps them, named as
-    /// the state inputs, for the sequence's next request.
-    pub fn keep_state(&self, turn: &Turn, outputs: &mut Vec<Tensor>) {
+    /// the state inputs, for the sequence's next request, held in the byte
+    /// budget. A state the budget cannot hold ends the sequence (503: the
+    /// client starts it again later); a sequence's last request keeps none.
+    pub fn keep_state(&self, turn: &mut Turn, outputs: &mut Vec<Tensor>) -> Result<(), Error> {
         let mut next = Vec::with_capacity(self.settings.states.len());
         for st in &self.settings.states {
             if let Some(i) = outputs.iter().position(|t| t.name == st.output) {
@@ -240,12 +269,46 @@ impl Sequences {
                 next.push(t);
             }
         }
-        let bytes: u64 = next.iter().map(|t| t.data.heap_bytes() as u64).sum();
-        let mut kept = turn.live.state.lock().expect("state lock poisoned");
-        let before: u64 = kept.iter().map(|t| t.data.heap_bytes() as u64).sum();
-        *kept = next;
-        drop(kept);
-        self.account(bytes as i64 - before as i64);
+        if turn.end {
+            return Ok(());
+        }
+        let next = Kept {
+            tensors: next,
+            _held: None,
+        };
+        let bytes = next.bytes();
+        // The old state's reservation goes first: it is replaced, not added to.
+        let before = {
+            let mut kept = turn.live.state.lock().expect("state lock poisoned");
+            let before = kept.bytes();
+            *kept = Kept::default();
+            before
+        };
+        self.account(-(before as i64));
+        let held = match self.budget.get() {
+            Some(b) => match b.reserve(bytes as usize) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    turn.end = true;
+                    turn.why = "no_room";
+                    return Err(Error::Busy {
+                        message: format!(
+                            "model `{}`: sequence {}: its state of {bytes} bytes does not fit: {e}; \
+                             the sequence is ended, start it again",
+                            self.model, turn.id
+                        ),
+                        retry_after: std::time::Duration::from_secs(1),
+                    });
+                }
+            },
+            None => None,
+        };
+        *turn.live.state.lock().expect("state lock poisoned") = Kept {
+            _held: held,
+            ..next
+        };
+        self.account(bytes as i64);
+        Ok(())
     }
 
     /// Adds `delta` to the state bytes held, and says so in the gauge.
@@ -296,6 +359,7 @@ impl Sequences {
             live: live.clone(),
             start: seq.start,
             end: seq.end,
+            why: "end",
             _turn: None,
         };
         turn._turn = Some(live.turn.clone().lock_owned().await);
@@ -352,7 +416,7 @@ impl Sequences {
             last: Mutex::new(now),
             inside: AtomicUsize::new(0),
             ended: AtomicBool::new(false),
-            state: Mutex::new(Vec::new()),
+            state: Mutex::new(Kept::default()),
         });
         if let Some(old) = live.insert(id.clone(), fresh.clone()) {
             self.free(&old);
@@ -366,7 +430,7 @@ impl Sequences {
     /// Drops a sequence's state.
     fn free(&self, l: &Live) {
         let kept = std::mem::take(&mut *l.state.lock().expect("state lock poisoned"));
-        let bytes: u64 = kept.iter().map(|t| t.data.heap_bytes() as u64).sum();
+        let bytes = kept.bytes();
         if bytes > 0 {
             self.account(-(bytes as i64));
         }
@@ -466,7 +530,7 @@ impl Drop for Turn {
                 live.remove(&self.id);
                 let n = live.len();
                 drop(live);
-                self.sequences.ended(&self.live, "end", n);
+                self.sequences.ended(&self.live, self.why, n);
             }
         }
     }

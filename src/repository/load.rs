@@ -156,6 +156,7 @@ pub async fn build(
         weights_bytes = memory.weights_bytes,
         "model ready"
     );
+    let budget = steps.budget.clone();
     let pipeline = match settings.pipeline.is_some() {
         true => Some(super::pipeline::pipeline(
             dir,
@@ -174,6 +175,9 @@ pub async fn build(
         batcher,
     );
     handle.warmup_rejected = warmed.rejected;
+    if let (Some(s), Some(b)) = (handle.sequences(), budget) {
+        s.hold_in(b);
+    }
     Ok(match pipeline {
         Some(p) => handle.with_pipeline(p),
         None => handle,
