@@ -8,7 +8,11 @@ Starts BINARY on a temporary repository holding the `strings` fixture
 element once decoded) at once, and prints the server's resident memory
 before, its peak growth (VmHWM), and each answer's status and seconds.
 
-Usage: scripts/bytes_body.py BINARY [COUNT]   (a release build; needs .ort/ from make setup)
+Usage: scripts/bytes_body.py BINARY [COUNT] [BODY_MIB] [MAX_BATCH]
+  (a release build; needs .ort/ from make setup). BODY_MIB: each body's size
+  (63); MAX_BATCH: the model's max_batch_size (the fixture's own when unset;
+  0 serves it unbatched, so the bodies reach ONNX Runtime, which holds each
+  string as a std::string for the input and again for the output).
 Python stdlib only.
 """
 import http.client
@@ -23,9 +27,13 @@ import time
 
 binary = sys.argv[1]
 count = int(sys.argv[2]) if len(sys.argv) > 2 else 6
+body_mib = int(sys.argv[3]) if len(sys.argv) > 3 else 63
+max_batch = sys.argv[4] if len(sys.argv) > 4 else None
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 repo = tempfile.mkdtemp()
 shutil.copytree(f"{root}/tests/fixtures/models/strings", f"{repo}/strings")
+if max_batch is not None:
+    open(f"{repo}/strings/model-settings.json", "w").write(json.dumps({"max_batch_size": int(max_batch)}))
 env = dict(os.environ, ORT_DYLIB_PATH=f"{root}/.ort/cpu/libonnxruntime.so.1.31.1", SLUICE_HTTP__MAX_INFLIGHT_BYTES=str(384 << 20))
 p = subprocess.Popen([binary, "serve", "--model-repository", repo, "--http-port", "18400", "--grpc-port", "18401"], env=env, cwd=tempfile.gettempdir(), stderr=subprocess.DEVNULL)
 def kb(key):
@@ -37,7 +45,7 @@ for _ in range(100):
         if c.getresponse().status == 200: break
     except OSError: pass
     time.sleep(0.1)
-n = (63 << 20) // 3
+n = (body_mib << 20) // 3
 body = (b'{"inputs": [{"name": "x", "datatype": "BYTES", "shape": [' + str(n).encode() + b'], "data": [' + b",".join([b'""'] * n) + b"]}]}")
 rss0 = kb("VmRSS:")
 results = []

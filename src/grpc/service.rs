@@ -67,7 +67,7 @@ impl InferenceService {
                 .serve(&name, non_empty(&req.model_version), arrival)
                 .await?;
             let (request, in_shm) = crate::protocol::grpc::decode_request(req, &*self.state.shm)?;
-            let _decoded = self.state.budget.reserve_decoded(request.heap_bytes(), message)?;
+            let _decoded = self.state.budget.reserve_decoded(request.held_bytes(), message)?;
             let resp = model.infer(request, arrival).await?;
             self.state.shm.write_outputs(&resp, &in_shm)?;
             let answer = telemetry::encode(|| crate::protocol::grpc::encode_response(&resp, &in_shm));

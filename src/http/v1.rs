@@ -88,7 +88,7 @@ pub async fn predict(
         let bound = state.budget.reserve_json_bound(&bytes)?;
         let req = request::decode_body(bytes, move |b| Ok(v1::decode(&b, &m.signature)?)).await?;
         drop(bound);
-        let _decoded = state.budget.reserve_decoded(req.heap_bytes(), body_len)?;
+        let _decoded = state.budget.reserve_decoded(req.held_bytes(), body_len)?;
         let resp = model.infer(req, arrival).await?;
         let body = telemetry::encode(|| serde_json::to_vec(&v1::encode(&resp)))
             .map_err(|e| Error::Internal(format!("a V1 response did not serialize: {e}")))?;

@@ -152,7 +152,7 @@ async fn answer_infer(
         drop((bound, strings));
         let _decoded = state
             .budget
-            .reserve_decoded(decoded.request.heap_bytes(), body_len)?;
+            .reserve_decoded(decoded.request.held_bytes(), body_len)?;
         let resp = model.infer(decoded.request, arrival).await?;
         state.shm.write_outputs(&resp, &decoded.outputs.shm)?;
         let encoded = telemetry::encode(|| v2_binary::encode_response(&resp, &decoded.outputs));

@@ -77,7 +77,29 @@ impl InferRequest {
     pub fn heap_bytes(&self) -> usize {
         self.inputs.iter().map(|t| t.data.heap_bytes()).sum()
     }
+
+    /// What the request will hold while it runs, for the byte budget: its
+    /// decoded tensors, and for each BYTES element what the runtime makes
+    /// of it ([`RUNTIME_BYTES_PER_STRING`]), which dwarfs a short string.
+    pub fn held_bytes(&self) -> usize {
+        let strings: usize = self
+            .inputs
+            .iter()
+            .filter_map(|t| match &t.data {
+                crate::tensor::TensorData::Bytes(s) => Some(s.len()),
+                _ => None,
+            })
+            .sum();
+        self.heap_bytes()
+            .saturating_add(strings.saturating_mul(RUNTIME_BYTES_PER_STRING))
+    }
 }
+
+/// What ONNX Runtime holds per BYTES element of a run: a `std::string` (32
+/// bytes, its text inline when short) for the input and another for an
+/// output of as many elements, the pointers handed to it and the offsets
+/// read back (8 bytes each).
+pub const RUNTIME_BYTES_PER_STRING: usize = 80;
 
 /// `` `a`, `b` `` for messages that list the names a model accepts.
 fn names<'a>(names: impl IntoIterator<Item = &'a String>) -> String {
@@ -240,6 +262,25 @@ mod tests {
 
     fn x(rows: usize) -> Tensor {
         Tensor::new("x", vec![rows, 3], TensorData::F32(vec![0.0; rows * 3])).unwrap()
+    }
+
+    #[test]
+    fn held_bytes_count_what_the_runtime_makes_of_each_string() {
+        let strings = crate::tensor::Strings::empties(1000);
+        let req = InferRequest {
+            id: None,
+            inputs: vec![
+                Tensor::new("s", vec![1000], TensorData::Bytes(strings)).unwrap(),
+                Tensor::new("f", vec![10], TensorData::F32(vec![0.0; 10])).unwrap(),
+            ],
+            outputs: None,
+            schedule: Default::default(),
+            classify: Vec::new(),
+            sequence: None,
+        };
+        // 1,000 ends of 8 bytes and 40 bytes of floats, then the runtime's share.
+        assert_eq!(req.heap_bytes(), 8040);
+        assert_eq!(req.held_bytes(), 8040 + 1000 * RUNTIME_BYTES_PER_STRING);
     }
 
     fn m(rows: usize) -> Tensor {

@@ -160,5 +160,9 @@ async fn probe_on(
         ((device, session), evidence)
     })
     .await
-    .map_err(|e| LoadError::Internal(format!("the warm-up of {name} panicked: {e}")))
+    .map_err(|e| match e.is_cancelled() {
+        // The runtime is shutting down.
+        true => LoadError::Internal(format!("the warm-up of {name} was cancelled: the server is stopping")),
+        false => LoadError::Internal(format!("the warm-up of {name} panicked: {e}")),
+    })
 }
