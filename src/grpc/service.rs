@@ -252,10 +252,34 @@ impl GrpcInferenceService for InferenceService {
                         break;
                     }
                 };
-                let mut on_connection: Vec<ConnectionHeld> = connection
-                    .iter()
-                    .map(|c| c.hold(prost::Message::encoded_len(&request)))
-                    .collect();
+                let held = connection.as_ref().map(|c| {
+                    c.try_hold(prost::Message::encoded_len(&request), "grpc.max_connection_bytes")
+                });
+                let mut on_connection = match held {
+                    Some(Err(e)) => {
+                        // Refused in the stream, as a request over the byte budget is.
+                        let message = e.to_string();
+                        super::observe(&service.state.registry, &request.model_name, Instant::now(), &Err::<(), _>(e));
+                        let answer = ModelStreamInferResponse {
+                            error_message: message,
+                            infer_response: Some(ModelInferResponse {
+                                id: request.id.clone(),
+                                ..Default::default()
+                            }),
+                        };
+                        let none = Unsent {
+                            _budget: None,
+                            _connection: Vec::new(),
+                        };
+                        if tx.send((Ok(answer), none)).await.is_err() {
+                            break;
+                        }
+                        drop(permit);
+                        continue;
+                    }
+                    Some(Ok(h)) => vec![h],
+                    None => Vec::new(),
+                };
                 let connection = connection.clone();
                 let (service, tx, parent) = (service.clone(), tx.clone(), parent.clone());
                 let (after, done) = match crate::protocol::grpc::sequence_key(&request) {
