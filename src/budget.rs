@@ -196,7 +196,10 @@ impl ConnectionBytes {
                     retry_after: Duration::from_secs(1),
                 });
             }
-            match self.held.compare_exchange(held, held + bytes, AcqRel, std::sync::atomic::Ordering::Acquire) {
+            match self
+                .held
+                .compare_exchange(held, held + bytes, AcqRel, std::sync::atomic::Ordering::Acquire)
+            {
                 Ok(_) => {
                     return Ok(ConnectionHeld {
                         conn: self.clone(),
@@ -337,7 +340,10 @@ mod tests {
         // first is taken whatever its size.
         let big = conn.try_hold(500, "k").unwrap();
         let e = conn.try_hold(1, "k").unwrap_err().to_string();
-        assert!(e.contains("already hold 500 bytes") && e.contains("k = 100"), "{e}");
+        assert!(
+            e.contains("already hold 500 bytes") && e.contains("k = 100"),
+            "{e}"
+        );
         drop(big);
         let _a = conn.try_hold(60, "k").unwrap();
         let _b = conn.try_hold(41, "k").unwrap();

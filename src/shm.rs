@@ -84,7 +84,8 @@ impl Region {
                 at.offset, self.name, self.byte_size
             )));
         }
-        self.holds(at.offset, bytes).map_err(|why| self.shrunk(what, &why))?;
+        self.holds(at.offset, bytes)
+            .map_err(|why| self.shrunk(what, &why))?;
         Ok((self.offset + at.offset) as u64)
     }
 

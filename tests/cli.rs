@@ -522,5 +522,8 @@ fn check_of_a_version_folder_checks_its_model_named_as_its_folder() {
     let (status, out, err) = run(cmd);
     assert!(status.success(), "{out}\n{err}");
     assert!(out.contains("is version 1 of the model folder"), "{out}");
-    assert!(out.contains("model simple ") && !out.contains("model 1 "), "{out}");
+    assert!(
+        out.contains("model simple ") && !out.contains("model 1 "),
+        "{out}"
+    );
 }

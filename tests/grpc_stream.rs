@@ -105,9 +105,14 @@ async fn an_unread_stream_holds_only_its_connections_share_of_the_byte_budget() 
     for i in 0..20 {
         let r = infer_request("varlen", "x", &[1, 65_536], &values(i));
         let a = other.model_infer(r).await;
-        assert!(a.is_ok(), "gRPC request {i} beside the unread stream: {:?}", a.err());
+        assert!(
+            a.is_ok(),
+            "gRPC request {i} beside the unread stream: {:?}",
+            a.err()
+        );
     }
-    let body = serde_json::json!({"inputs": [v2_input("x", "FP32", &[1, 65_536], serde_json::json!(values(1)))]});
+    let body =
+        serde_json::json!({"inputs": [v2_input("x", "FP32", &[1, 65_536], serde_json::json!(values(1)))]});
     for i in 0..20 {
         let (status, answer) = s.post("/v2/models/varlen/infer", &body).await;
         assert_eq!(status, 200, "HTTP request {i} beside the unread stream: {answer}");

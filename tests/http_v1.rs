@@ -128,9 +128,21 @@ async fn model_list_and_status() {
     assert_eq!(r["models"], json!(["broken", "digits", "mlp"]), "{r}");
     // The same body in OpenAI's shape (client.models.list()).
     assert_eq!(r["object"], "list", "{r}");
-    let ids: Vec<&str> = r["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = r["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, ["broken", "digits", "mlp"]);
-    assert!(r["data"].as_array().unwrap().iter().all(|m| m["object"] == "model" && m["created"].is_u64()), "{r}");
+    assert!(
+        r["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["object"] == "model" && m["created"].is_u64()),
+        "{r}"
+    );
     let (st, r) = s.get("/v1/models/digits").await;
     assert_eq!((st, r), (200, json!({"name": "digits", "ready": true})));
     let (st, r) = s.get("/v1/models/nope").await;

@@ -163,6 +163,9 @@ async fn an_empty_repository_is_ready_with_an_empty_index() {
     let s = TestServer::start(repo.path()).await;
     assert!(s.index().await.is_empty());
     let (st, r) = s.get("/v1/models").await;
-    assert_eq!((st, r), (200, json!({"models": [], "object": "list", "data": []})));
+    assert_eq!(
+        (st, r),
+        (200, json!({"models": [], "object": "list", "data": []}))
+    );
     s.stop().await.unwrap();
 }

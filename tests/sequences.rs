@@ -316,7 +316,10 @@ async fn sequence_mistakes_are_refused_over_rest_and_grpc() {
                      "parameters": {"sequence_id": 77, "sequence_start": true}});
     let (status, r) = s.post(url, &two).await;
     assert_eq!(status, 400, "{r}");
-    assert!(error_message(&r).contains("carries one row (batch size 1), this one carries 2"), "{r}");
+    assert!(
+        error_message(&r).contains("carries one row (batch size 1), this one carries 2"),
+        "{r}"
+    );
     let (status, r) = s.post(url, &rest(1, json!({"sequence_id": 77}))).await;
     assert_eq!(status, 400, "{r}");
     assert!(error_message(&r).contains("must specify the START flag"), "{r}");
@@ -324,7 +327,10 @@ async fn sequence_mistakes_are_refused_over_rest_and_grpc() {
     // A string id is bounded before anything is kept.
     let long = "x".repeat(1 << 20);
     let (status, r) = s
-        .post(url, &rest(1, json!({"sequence_id": long, "sequence_start": true})))
+        .post(
+            url,
+            &rest(1, json!({"sequence_id": long, "sequence_start": true})),
+        )
         .await;
     assert_eq!(status, 400, "{r}");
     assert!(error_message(&r).contains("at most 256 bytes"), "{r}");
@@ -747,7 +753,11 @@ sequence_batching {
             let (status, a) = s.post("/v2/models/silero/infer", &body).await;
             assert_eq!(status, 200, "clip {c} chunk {k}: {a}");
             let p = flat_f64(&v2_output(&a, "output")["data"])[0];
-            assert!((p - want[c][k] as f64).abs() < 1e-4, "clip {c} chunk {k}: {p} vs {}", want[c][k]);
+            assert!(
+                (p - want[c][k] as f64).abs() < 1e-4,
+                "clip {c} chunk {k}: {p} vs {}",
+                want[c][k]
+            );
         }
     }
     s.stop().await.unwrap();
@@ -779,19 +789,32 @@ async fn sequence_state_is_held_in_the_byte_budget() {
             200 => ok.push(id),
             503 => {
                 let msg = error_message(&r);
-                assert!(msg.contains("state of 1024 bytes does not fit") && msg.contains("http.max_inflight_bytes"), "{msg}");
+                assert!(
+                    msg.contains("state of 1024 bytes does not fit")
+                        && msg.contains("http.max_inflight_bytes"),
+                    "{msg}"
+                );
                 refused += 1;
             }
             _ => panic!("{status}: {r}"),
         }
     }
-    assert!(refused > 0 && !ok.is_empty(), "{} kept, {refused} refused", ok.len());
+    assert!(
+        refused > 0 && !ok.is_empty(),
+        "{} kept, {refused} refused",
+        ok.len()
+    );
     let text = s.metrics().await;
     let held = common::reload::metric_value(&text, "sluice_sequence_state_bytes", &[("model", "silero")]);
-    assert!(held <= (48 << 10) as f64, "{held} bytes of state under a 48 KiB budget");
+    assert!(
+        held <= (48 << 10) as f64,
+        "{held} bytes of state under a 48 KiB budget"
+    );
     // A refused start left no sequence behind: its next request needs a start.
     let refused_id = (1..=100).find(|i| !ok.contains(i)).unwrap();
-    let (status, r) = s.post("/v2/models/silero/infer", &body(refused_id, false, false)).await;
+    let (status, r) = s
+        .post("/v2/models/silero/infer", &body(refused_id, false, false))
+        .await;
     assert_eq!(status, 400, "{r}");
     // The kept ones end; their bytes come back, and new sequences fit again.
     for id in &ok {

@@ -189,7 +189,10 @@ async fn a_text_model_answers_v2_and_refuses_mistakes_in_openai_shape() {
         let (status, e) = openai(json!({"model": MODEL, "input": input})).await;
         assert_eq!((status, &e["error"]["param"]), (400, &json!("input")), "{e}");
         assert!(
-            e["error"]["message"].as_str().unwrap().contains("empty list of token ids"),
+            e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("empty list of token ids"),
             "{e}"
         );
     }
@@ -199,7 +202,10 @@ async fn a_text_model_answers_v2_and_refuses_mistakes_in_openai_shape() {
     let (status, e) = openai(json!({"model": MODEL, "input": huge})).await;
     assert_eq!(status, 400, "{e}");
     let msg = e["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("10485760 bytes") && msg.contains("`max_text_bytes` of 131072"), "{msg}");
+    assert!(
+        msg.contains("10485760 bytes") && msg.contains("`max_text_bytes` of 131072"),
+        "{msg}"
+    );
     let body = json!({"inputs": [v2_input("text", "BYTES", &[1], json!([huge]))]});
     let (status, resp) = s.post(&format!("/v2/models/{MODEL}/infer"), &body).await;
     assert_eq!(status, 400, "{resp}");
@@ -217,7 +223,10 @@ async fn a_text_model_answers_v2_and_refuses_mistakes_in_openai_shape() {
     // None of them counted as the server's failure.
     let m = common::prometheus::Metrics::scrape(&s).await;
     assert_eq!(
-        m.sum("nv_inference_request_failure", &[("model", MODEL), ("reason", "BACKEND")]),
+        m.sum(
+            "nv_inference_request_failure",
+            &[("model", MODEL), ("reason", "BACKEND")]
+        ),
         0.0
     );
     // The server still answers.
@@ -425,7 +434,13 @@ async fn a_pipeline_runs_each_step_through_its_model() {
     // The repository index agrees with readiness, and names the step.
     let entry = s.index_entry("one_step").await.unwrap();
     assert_eq!(entry["state"], "UNAVAILABLE", "{entry}");
-    assert!(entry["reason"].as_str().unwrap().contains("step model `identity`"), "{entry}");
+    assert!(
+        entry["reason"]
+            .as_str()
+            .unwrap()
+            .contains("step model `identity`"),
+        "{entry}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -594,21 +594,36 @@ async fn files_a_configuration_names_stay_inside_the_model_folder() {
     let repo = top.path().join("repo");
     std::fs::create_dir_all(&repo).unwrap();
     let secret = top.path().join("secret.txt");
-    std::fs::write(&secret, (0..10).map(|i| format!("SECRET-{i}\n")).collect::<String>()).unwrap();
+    std::fs::write(
+        &secret,
+        (0..10).map(|i| format!("SECRET-{i}\n")).collect::<String>(),
+    )
+    .unwrap();
     let onnx = root().join("model-repository/mlp/model.onnx");
     std::fs::copy(&onnx, top.path().join("model.onnx")).unwrap();
     let output = |file: &str| {
         format!("max_batch_size: 8\noutput [ {{ name: \"logits\" data_type: TYPE_FP32 dims: [ 10 ] label_filename: \"{file}\" }} ]\n")
     };
     let bad = [
-        ("labels_abs", output(&secret.display().to_string()), "label_filename"),
+        (
+            "labels_abs",
+            output(&secret.display().to_string()),
+            "label_filename",
+        ),
         ("labels_up", output("../../secret.txt"), "label_filename"),
         (
             "file_abs",
-            format!("max_batch_size: 8\ndefault_model_filename: \"{}\"\n", top.path().join("model.onnx").display()),
+            format!(
+                "max_batch_size: 8\ndefault_model_filename: \"{}\"\n",
+                top.path().join("model.onnx").display()
+            ),
             "default_model_filename",
         ),
-        ("file_up", "max_batch_size: 8\ndefault_model_filename: \"../../model.onnx\"\n".to_string(), "default_model_filename"),
+        (
+            "file_up",
+            "max_batch_size: 8\ndefault_model_filename: \"../../model.onnx\"\n".to_string(),
+            "default_model_filename",
+        ),
     ];
     for (name, config, _) in &bad {
         let dir = repo.join(name);
@@ -619,12 +634,21 @@ async fn files_a_configuration_names_stay_inside_the_model_folder() {
     let good = repo.join("good");
     std::fs::create_dir_all(good.join("1")).unwrap();
     std::fs::copy(&onnx, good.join("1/model.onnx")).unwrap();
-    std::fs::write(good.join("labels.txt"), (0..10).map(|i| format!("class-{i}\n")).collect::<String>()).unwrap();
+    std::fs::write(
+        good.join("labels.txt"),
+        (0..10).map(|i| format!("class-{i}\n")).collect::<String>(),
+    )
+    .unwrap();
     std::fs::write(good.join("config.pbtxt"), output("labels.txt")).unwrap();
     let s = TestServer::start_loaded(&repo, |_| {}).await;
     let (_, index) = s.post("/v2/repository/index", &json!({})).await;
     for (name, _, field) in &bad {
-        let entry = index.as_array().unwrap().iter().find(|e| e["name"] == *name).unwrap();
+        let entry = index
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == *name)
+            .unwrap();
         let reason = entry["reason"].as_str().unwrap_or("");
         assert_ne!(entry["state"], "READY", "{entry}");
         assert!(

@@ -155,7 +155,11 @@ impl GrpcInferenceService for InferenceService {
     async fn model_ready(&self, req: Request<ModelReadyRequest>) -> Answer<ModelReadyResponse> {
         self.state.allow(&req, Scope::Inference)?;
         let r = req.into_inner();
-        let ready = self.state.registry.servable(&r.name, non_empty(&r.version)).is_ok();
+        let ready = self
+            .state
+            .registry
+            .servable(&r.name, non_empty(&r.version))
+            .is_ok();
         Ok(Response::new(ModelReadyResponse { ready }))
     }
 
@@ -252,14 +256,19 @@ impl GrpcInferenceService for InferenceService {
                         break;
                     }
                 };
-                let held = connection.as_ref().map(|c| {
-                    c.try_hold(prost::Message::encoded_len(&request), "grpc.max_connection_bytes")
-                });
+                let held = connection
+                    .as_ref()
+                    .map(|c| c.try_hold(prost::Message::encoded_len(&request), "grpc.max_connection_bytes"));
                 let mut on_connection = match held {
                     Some(Err(e)) => {
                         // Refused in the stream, as a request over the byte budget is.
                         let message = e.to_string();
-                        super::observe(&service.state.registry, &request.model_name, Instant::now(), &Err::<(), _>(e));
+                        super::observe(
+                            &service.state.registry,
+                            &request.model_name,
+                            Instant::now(),
+                            &Err::<(), _>(e),
+                        );
                         let answer = ModelStreamInferResponse {
                             error_message: message,
                             infer_response: Some(ModelInferResponse {

@@ -114,8 +114,10 @@ impl Sequences {
     pub fn start(model: &str, settings: SequenceSettings) -> Arc<Sequences> {
         let sequences = Arc::new(Sequences::new(model, settings));
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let every = (sequences.settings.idle / 2)
-                .clamp(std::time::Duration::from_millis(50), std::time::Duration::from_secs(5));
+            let every = (sequences.settings.idle / 2).clamp(
+                std::time::Duration::from_millis(50),
+                std::time::Duration::from_secs(5),
+            );
             let weak = Arc::downgrade(&sequences);
             runtime.spawn(async move {
                 loop {
@@ -181,7 +183,13 @@ impl Sequences {
         sig: &Signature,
         axes: &std::collections::BTreeMap<String, usize>,
     ) -> Result<Vec<Tensor>, Error> {
-        let kept = turn.live.state.lock().expect("state lock poisoned").tensors.clone();
+        let kept = turn
+            .live
+            .state
+            .lock()
+            .expect("state lock poisoned")
+            .tensors
+            .clone();
         if !kept.is_empty() {
             return Ok(kept);
         }
@@ -303,10 +311,7 @@ impl Sequences {
             },
             None => None,
         };
-        *turn.live.state.lock().expect("state lock poisoned") = Kept {
-            _held: held,
-            ..next
-        };
+        *turn.live.state.lock().expect("state lock poisoned") = Kept { _held: held, ..next };
         self.account(bytes as i64);
         Ok(())
     }

@@ -225,7 +225,10 @@ mod tests {
             .contains("empty"));
         let e = d(r#"{"model":"m","input":[[1],[]]}"#).unwrap_err();
         assert!(matches!(e, Error::InvalidInput(_)), "{e:?}");
-        assert!(e.to_string().contains("`input[1]` is an empty list of token ids"), "{e}");
+        assert!(
+            e.to_string().contains("`input[1]` is an empty list of token ids"),
+            "{e}"
+        );
     }
 
     #[test]

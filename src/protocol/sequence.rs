@@ -163,7 +163,9 @@ mod tests {
         // A string id is bounded: a 1 MB one would be kept as long as its sequence.
         let long = "x".repeat(MAX_ID_BYTES + 1);
         let long: &'static str = Box::leak(long.into_boxed_str());
-        let e = read_map(&[("sequence_id", Value::Text(long))]).unwrap_err().to_string();
+        let e = read_map(&[("sequence_id", Value::Text(long))])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("257 bytes") && e.contains("at most 256 bytes"), "{e}");
         let ok: &'static str = Box::leak("y".repeat(MAX_ID_BYTES).into_boxed_str());
         assert!(read_map(&[("sequence_id", Value::Text(ok))]).is_ok());

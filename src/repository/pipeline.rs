@@ -50,9 +50,7 @@ pub fn pipeline(
 ) -> Result<Pipeline, LoadError> {
     let p = settings.pipeline.as_ref().expect("a pipeline's settings");
     let declared = declared(settings);
-    let tokenizer = |t: &crate::settings::pipeline::TokenizerStep| {
-        Tokenize::load(&dir.join(&t.file), t)
-    };
+    let tokenizer = |t: &crate::settings::pipeline::TokenizerStep| Tokenize::load(&dir.join(&t.file), t);
     Pipeline::build(p, own, &declared, Some(steps), tokenizer).map_err(LoadError::Files)
 }
 
@@ -149,9 +147,7 @@ pub fn report(dir: &Path, settings: &ModelSettings, own: Option<&Signature>) -> 
         })
         .collect();
     let mut lines = vec![format!("pipeline: {}", steps.join(" → "))];
-    let tokenizer = |t: &crate::settings::pipeline::TokenizerStep| {
-        Tokenize::load(&dir.join(&t.file), t)
-    };
+    let tokenizer = |t: &crate::settings::pipeline::TokenizerStep| Tokenize::load(&dir.join(&t.file), t);
     // Steps that are models of the repository: their tensors are known
     // once the repository serves them; the tokenizers are checked here.
     if p.steps.iter().any(|s| matches!(s.kind, StepKind::Model { .. })) {

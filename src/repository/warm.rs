@@ -162,7 +162,9 @@ async fn probe_on(
     .await
     .map_err(|e| match e.is_cancelled() {
         // The runtime is shutting down.
-        true => LoadError::Internal(format!("the warm-up of {name} was cancelled: the server is stopping")),
+        true => LoadError::Internal(format!(
+            "the warm-up of {name} was cancelled: the server is stopping"
+        )),
         false => LoadError::Internal(format!("the warm-up of {name} panicked: {e}")),
     })
 }

@@ -94,7 +94,10 @@ fn registration_mistakes_are_named() {
     let e = shm.register("r", object.key(), 0, 64).unwrap_err().to_string();
     assert!(e.contains("already registered"), "{e}");
     assert!(shm.status(Some("other")).is_err());
-    let off = SharedMemory::new(&crate::config::SharedMemoryConfig::default(), ByteBudget::new(1 << 20));
+    let off = SharedMemory::new(
+        &crate::config::SharedMemoryConfig::default(),
+        ByteBudget::new(1 << 20),
+    );
     let e = off.register("r", object.key(), 0, 64).unwrap_err().to_string();
     assert!(e.contains("shared_memory.enabled = false"), "{e}");
     assert!(e.contains("[shared_memory] enabled = true"), "{e}");
@@ -140,7 +143,10 @@ fn an_object_shrunk_under_a_registered_region_is_an_error_for_that_request_not_a
     shm.register("r", object.key(), 4096, 8192).unwrap();
     shm.write(&at("r", 0, 8), &TensorData::I32(vec![5, 6]), "output `y`")
         .unwrap();
-    assert_eq!(read_i32(&shm, &at("r", 0, 8)).unwrap(), TensorData::I32(vec![5, 6]));
+    assert_eq!(
+        read_i32(&shm, &at("r", 0, 8)).unwrap(),
+        TensorData::I32(vec![5, 6])
+    );
     // The client truncates its object to nothing, then to less than the region.
     for len in [0, 4096 + 100] {
         let fd = unsafe { libc::shm_open(object.0.as_ptr(), libc::O_RDWR, 0) };
@@ -157,7 +163,10 @@ fn an_object_shrunk_under_a_registered_region_is_an_error_for_that_request_not_a
         assert!(e.contains("output `y`") && e.contains("the object shrank"), "{e}");
     }
     // What still lies inside the object is read as before.
-    assert_eq!(read_i32(&shm, &at("r", 0, 8)).unwrap(), TensorData::I32(vec![0, 0]));
+    assert_eq!(
+        read_i32(&shm, &at("r", 0, 8)).unwrap(),
+        TensorData::I32(vec![0, 0])
+    );
 }
 
 #[test]
@@ -172,7 +181,10 @@ fn registrations_stop_at_max_regions_and_a_freed_slot_can_be_used_again() {
         shm.register(&format!("r{i}"), object.key(), 0, 4096).unwrap();
     }
     let e = shm.register("r3", object.key(), 0, 4096).unwrap_err().to_string();
-    assert!(e.contains("3 regions are registered") && e.contains("shared_memory.max_regions"), "{e}");
+    assert!(
+        e.contains("3 regions are registered") && e.contains("shared_memory.max_regions"),
+        "{e}"
+    );
     shm.unregister(Some("r0"));
     shm.register("r3", object.key(), 0, 4096).unwrap();
     assert_eq!(shm.status(None).unwrap().len(), 3);

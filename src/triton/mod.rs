@@ -214,7 +214,10 @@ fn not_a_version(path: &Path) {
     static SAID: std::sync::Mutex<Option<std::collections::HashSet<std::path::PathBuf>>> =
         std::sync::Mutex::new(None);
     let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
-    if said.get_or_insert_with(Default::default).insert(path.to_path_buf()) {
+    if said
+        .get_or_insert_with(Default::default)
+        .insert(path.to_path_buf())
+    {
         tracing::warn!(
             folder = %path.display(),
             "not a version folder (a version is a positive integer with no sign or leading zero, e.g. `1`); skipped"

@@ -92,7 +92,11 @@ impl Tokenize {
             )));
         };
         self.check_count(strings.len(), &text.name)?;
-        if let Some((i, s)) = strings.iter().enumerate().find(|(_, s)| s.len() > self.max_text_bytes) {
+        if let Some((i, s)) = strings
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.len() > self.max_text_bytes)
+        {
             return Err(Error::invalid(format!(
                 "text {i} of `{}` is {} bytes, more than the tokenizer's `max_text_bytes` of {}; \
                  split it, or raise the pipeline's tokenizer `max_text_bytes`",

@@ -516,6 +516,9 @@ async fn the_load_api_names_the_budget_a_model_can_never_fit_in() {
     let f = start(&[("big", &big)], budget(ResidencyMode::OnDemand, 2)).await;
     let e = f.repo.load("big", None).await.unwrap_err();
     let text = e.to_string();
-    assert!(text.contains("it cannot be loaded; raise residency.host_bytes"), "{text}");
+    assert!(
+        text.contains("it cannot be loaded; raise residency.host_bytes"),
+        "{text}"
+    );
     assert!(!text.contains("its next request loads it"), "{text}");
 }
