@@ -96,10 +96,11 @@ impl InferRequest {
 }
 
 /// What ONNX Runtime holds per BYTES element of a run: a `std::string` (32
-/// bytes, its text inline when short) for the input and another for an
-/// output of as many elements, the pointers handed to it and the offsets
-/// read back (8 bytes each).
-pub const RUNTIME_BYTES_PER_STRING: usize = 80;
+/// bytes, its text inline when short) for the input and more for an output
+/// of as many elements, the pointers handed to it and the offsets read
+/// back; measured at about 98 bytes an element of an identity model
+/// (`scripts/bytes_body.py BINARY 1 63 0`, benches/README.md).
+pub const RUNTIME_BYTES_PER_STRING: usize = 104;
 
 /// `` `a`, `b` `` for messages that list the names a model accepts.
 fn names<'a>(names: impl IntoIterator<Item = &'a String>) -> String {
