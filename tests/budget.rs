@@ -301,7 +301,7 @@ async fn a_grpc_answer_behind_a_zero_window_stays_inside_the_budget() {
 /// never read (the HTTP/2 window stays at zero): each answer holds its bytes
 /// until sent, and the connection's streams together hold at most
 /// `grpc.max_connection_bytes` (an eighth of the budget): a few requests
-/// run, the others are refused in their stream or never read, and an HTTP
+/// run, the others wait unread, and an HTTP
 /// client beside them is served. Before, a stream's answer left the budget
 /// as it entered the stream's channel and unread streams grew memory to
 /// many times the budget; then, with the budget shared by all, the unread

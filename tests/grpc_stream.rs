@@ -19,6 +19,20 @@ fn values(i: usize) -> Vec<f32> {
     (0..65_536).map(|k| (i * 7 + k % 1000) as f32).collect()
 }
 
+/// Waits until `taken` (messages the client library took to send) has not
+/// moved for 2 s (60 s at most), and returns it.
+async fn until_still(taken: &AtomicUsize) -> usize {
+    let (mut last, mut still_since, t0) = (0, Instant::now(), Instant::now());
+    while still_since.elapsed() < Duration::from_secs(2) && t0.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = taken.load(Ordering::SeqCst);
+        if now != last {
+            (last, still_since) = (now, Instant::now());
+        }
+    }
+    taken.load(Ordering::SeqCst)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unread_stream_is_held_to_its_outstanding_bound_then_answers_everything() {
     const SENT: usize = 120;
@@ -38,15 +52,7 @@ async fn an_unread_stream_is_held_to_its_outstanding_bound_then_answers_everythi
     let mut answers = grpc.model_stream_infer(requests).await.unwrap().into_inner();
 
     // Not reading: wait until the client stops making progress.
-    let (mut last, mut still_since, t0) = (0, Instant::now(), Instant::now());
-    while still_since.elapsed() < Duration::from_secs(2) && t0.elapsed() < Duration::from_secs(60) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = taken.load(Ordering::SeqCst);
-        if now != last {
-            (last, still_since) = (now, Instant::now());
-        }
-    }
-    let held = taken.load(Ordering::SeqCst);
+    let held = until_still(&taken).await;
     // Outstanding requests, the answer channel (as many again), one answer in
     // the encoder and what the HTTP/2 windows and buffers hold on both sides.
     assert!(
@@ -92,14 +98,7 @@ async fn an_unread_stream_holds_only_its_connections_share_of_the_byte_budget() 
         r
     });
     let mut answers = stuck.model_stream_infer(requests).await.unwrap().into_inner();
-    let (mut last, mut still_since, t0) = (0, Instant::now(), Instant::now());
-    while still_since.elapsed() < Duration::from_secs(2) && t0.elapsed() < Duration::from_secs(60) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = taken.load(Ordering::SeqCst);
-        if now != last {
-            (last, still_since) = (now, Instant::now());
-        }
-    }
+    until_still(&taken).await;
     // Other clients, on their own connections, on both ports.
     let mut other = client(&s).await;
     for i in 0..20 {

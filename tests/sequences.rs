@@ -424,6 +424,35 @@ print(json.dumps({"clips": all_clips, "probs": all_probs}))
     (clips, probs)
 }
 
+/// A silero request over REST: chunk `chunk` of sequence `id`.
+fn silero_body(id: usize, chunk: &[f32], start: bool, end: bool) -> Value {
+    json!({
+        "inputs": [
+            v2_input("input", "FP32", &[1, 512], json!([chunk])),
+            v2_input("sr", "INT64", &[], json!([16000])),
+        ],
+        "parameters": {"sequence_id": id, "sequence_start": start, "sequence_end": end},
+    })
+}
+
+/// Sends each of `clips` as its own sequence, chunk by chunk, over REST,
+/// and checks each answer against Python's (`want`).
+async fn assert_clips_over_rest(s: &TestServer, clips: &[Vec<Vec<f32>>], want: &[Vec<f32>]) {
+    for (c, clip) in clips.iter().enumerate() {
+        for (k, chunk) in clip.iter().enumerate() {
+            let body = silero_body(c + 1, chunk, k == 0, k == CHUNKS - 1);
+            let (status, r) = s.post("/v2/models/silero/infer", &body).await;
+            assert_eq!(status, 200, "clip {c} chunk {k}: {r}");
+            let p = flat_f64(&v2_output(&r, "output")["data"])[0];
+            assert!(
+                (p - want[c][k] as f64).abs() < 1e-4,
+                "clip {c} chunk {k}: {p} vs {}",
+                want[c][k]
+            );
+        }
+    }
+}
+
 /// The mean batch size of `model` so far (`sluice_batch_size`).
 async fn mean_batch(s: &TestServer, model: &str) -> f64 {
     let text = s.metrics().await;
@@ -599,25 +628,7 @@ async fn an_initial_state_file_starts_each_sequence() {
         "the initial state changes the first answer"
     );
     let s = TestServer::start(repo.path()).await;
-    for (c, clip) in clips.iter().take(3).enumerate() {
-        for (k, chunk) in clip.iter().enumerate() {
-            let body = json!({
-                "inputs": [
-                    v2_input("input", "FP32", &[1, 512], json!([chunk])),
-                    v2_input("sr", "INT64", &[], json!([16000])),
-                ],
-                "parameters": {"sequence_id": c + 1, "sequence_start": k == 0, "sequence_end": k == CHUNKS - 1},
-            });
-            let (status, r) = s.post("/v2/models/silero/infer", &body).await;
-            assert_eq!(status, 200, "{r}");
-            let p = flat_f64(&v2_output(&r, "output")["data"])[0];
-            assert!(
-                (p - want[c][k] as f64).abs() < 1e-4,
-                "clip {c} chunk {k}: {p} vs {}",
-                want[c][k]
-            );
-        }
-    }
+    assert_clips_over_rest(&s, &clips[..3], &want).await;
     // A file of the wrong size is refused at load, naming it; the last good
     // version keeps serving.
     std::fs::write(dir.join("state0.bin"), &init[..100]).unwrap();
@@ -741,25 +752,7 @@ sequence_batching {
     .unwrap();
     let (clips, want) = clips_and_probabilities(&dir.join("1/model.onnx"), None);
     let s = TestServer::start(repo.path()).await;
-    for (c, clip) in clips.iter().take(4).enumerate() {
-        for (k, chunk) in clip.iter().enumerate() {
-            let body = json!({
-                "inputs": [
-                    v2_input("input", "FP32", &[1, 512], json!([chunk])),
-                    v2_input("sr", "INT64", &[], json!([16000])),
-                ],
-                "parameters": {"sequence_id": c + 1, "sequence_start": k == 0, "sequence_end": k == CHUNKS - 1},
-            });
-            let (status, a) = s.post("/v2/models/silero/infer", &body).await;
-            assert_eq!(status, 200, "clip {c} chunk {k}: {a}");
-            let p = flat_f64(&v2_output(&a, "output")["data"])[0];
-            assert!(
-                (p - want[c][k] as f64).abs() < 1e-4,
-                "clip {c} chunk {k}: {p} vs {}",
-                want[c][k]
-            );
-        }
-    }
+    assert_clips_over_rest(&s, &clips[..4], &want).await;
     s.stop().await.unwrap();
 }
 
@@ -772,15 +765,7 @@ async fn sequence_state_is_held_in_the_byte_budget() {
     let repo = silero_repository();
     let s = TestServer::start_with(repo.path(), |c| c.http.max_inflight_bytes = 48 << 10).await;
     let chunk = vec![0.0f32; 512];
-    let body = |id: usize, start: bool, end: bool| {
-        json!({
-            "inputs": [
-                v2_input("input", "FP32", &[1, 512], json!([chunk])),
-                v2_input("sr", "INT64", &[], json!([16000])),
-            ],
-            "parameters": {"sequence_id": id, "sequence_start": start, "sequence_end": end},
-        })
-    };
+    let body = |id: usize, start: bool, end: bool| silero_body(id, &chunk, start, end);
     // Each sequence keeps 2 x 1 x 128 FP32 (1 KiB); 48 KiB cannot hold 100.
     let (mut ok, mut refused) = (Vec::new(), 0);
     for id in 1..=100 {

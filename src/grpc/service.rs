@@ -86,6 +86,37 @@ impl InferenceService {
     }
 }
 
+impl InferenceService {
+    /// A stream's request run, and its answer with what it holds until
+    /// sent: the budget's share and the connection's (`on_connection`
+    /// holds the request's; the answer's bytes join it).
+    async fn answer(
+        &self,
+        request: ModelInferRequest,
+        parent: &Parent,
+        connection: Option<Arc<ConnectionBytes>>,
+        mut on_connection: Vec<ConnectionHeld>,
+    ) -> (StreamAnswer, Unsent) {
+        let id = request.id.clone();
+        match self.infer(request, parent).await {
+            Ok((resp, held)) => {
+                let bytes = prost::Message::encoded_len(&resp);
+                on_connection.extend(connection.iter().map(|c| c.hold(bytes)));
+                let answer = ModelStreamInferResponse {
+                    error_message: String::new(),
+                    infer_response: Some(resp),
+                };
+                let unsent = Unsent {
+                    _budget: Some(held),
+                    _connection: on_connection,
+                };
+                (Ok(answer), unsent)
+            }
+            Err(e) => (Ok(failed(id, &e)), Unsent::nothing()),
+        }
+    }
+}
+
 type Answer<T> = Result<Response<T>, Status>;
 
 /// Lets `?` turn a domain error into its status.
@@ -101,6 +132,27 @@ type StreamAnswer = Result<ModelStreamInferResponse, Status>;
 struct Unsent {
     _budget: Option<HeldUntilSent>,
     _connection: Vec<ConnectionHeld>,
+}
+
+impl Unsent {
+    /// What an error answer holds: nothing.
+    fn nothing() -> Unsent {
+        Unsent {
+            _budget: None,
+            _connection: Vec::new(),
+        }
+    }
+}
+
+/// A stream's answer for a request that failed: its id and why.
+fn failed(id: String, e: &Error) -> ModelStreamInferResponse {
+    ModelStreamInferResponse {
+        error_message: e.to_string(),
+        infer_response: Some(ModelInferResponse {
+            id,
+            ..Default::default()
+        }),
+    }
 }
 
 /// Answers sent on one `ModelStreamInfer` call.
@@ -248,46 +300,20 @@ impl GrpcInferenceService for InferenceService {
                 let request = match next {
                     Ok(r) => r,
                     Err(e) => {
-                        let none = Unsent {
-                            _budget: None,
-                            _connection: Vec::new(),
-                        };
-                        let _ = tx.send((Err(e), none)).await;
+                        let _ = tx.send((Err(e), Unsent::nothing())).await;
                         break;
                     }
                 };
-                let held = connection
-                    .as_ref()
-                    .map(|c| c.try_hold(prost::Message::encoded_len(&request), "grpc.max_connection_bytes"));
-                let mut on_connection = match held {
-                    Some(Err(e)) => {
-                        // Refused in the stream, as a request over the byte budget is.
-                        let message = e.to_string();
-                        super::observe(
-                            &service.state.registry,
-                            &request.model_name,
-                            Instant::now(),
-                            &Err::<(), _>(e),
-                        );
-                        let answer = ModelStreamInferResponse {
-                            error_message: message,
-                            infer_response: Some(ModelInferResponse {
-                                id: request.id.clone(),
-                                ..Default::default()
-                            }),
-                        };
-                        let none = Unsent {
-                            _budget: None,
-                            _connection: Vec::new(),
-                        };
-                        if tx.send((Ok(answer), none)).await.is_err() {
-                            break;
-                        }
-                        drop(permit);
-                        continue;
-                    }
-                    Some(Ok(h)) => vec![h],
+                // Held on the connection once it is below its cap: a message
+                // read while other streams filled it waits here.
+                let on_connection = match &connection {
                     None => Vec::new(),
+                    Some(c) => loop {
+                        if let Some(h) = c.try_hold(prost::Message::encoded_len(&request)) {
+                            break vec![h];
+                        }
+                        c.below_cap().await;
+                    },
                 };
                 let connection = connection.clone();
                 let (service, tx, parent) = (service.clone(), tx.clone(), parent.clone());
@@ -302,33 +328,8 @@ impl GrpcInferenceService for InferenceService {
                     if let Some(previous) = after {
                         let _ = previous.await;
                     }
-                    let id = request.id.clone();
-                    let (answer, held) = match service.infer(request, &parent).await {
-                        Ok((resp, held)) => {
-                            let bytes = prost::Message::encoded_len(&resp);
-                            on_connection.extend(connection.iter().map(|c| c.hold(bytes)));
-                            let answer = ModelStreamInferResponse {
-                                error_message: String::new(),
-                                infer_response: Some(resp),
-                            };
-                            (answer, Some(held))
-                        }
-                        Err(e) => (
-                            ModelStreamInferResponse {
-                                error_message: e.to_string(),
-                                infer_response: Some(ModelInferResponse {
-                                    id,
-                                    ..Default::default()
-                                }),
-                            },
-                            None,
-                        ),
-                    };
-                    let unsent = Unsent {
-                        _budget: held,
-                        _connection: on_connection,
-                    };
-                    let _ = tx.send((Ok(answer), unsent)).await;
+                    let answer = service.answer(request, &parent, connection, on_connection).await;
+                    let _ = tx.send(answer).await;
                     // After the answer is queued: the sequence's next answer
                     // must not overtake it on the stream.
                     if let Some(done) = done {

@@ -399,40 +399,54 @@ async fn a_pipelines_later_step_is_not_evicted_while_an_earlier_one_runs() {
     assert_eq!(piped.await.unwrap().unwrap(), 10.0, "5x, then 2x");
 }
 
-#[tokio::test]
-async fn a_pipelines_independent_steps_run_at_once_and_its_deadline_holds() {
-    use crate::protocol::{InferRequest, Schedule};
-    use crate::tensor::{Tensor, TensorData};
-    let slow = |k: u32| format!("k={k} bytes={GB} run_ms=400");
-    let (a, b) = (slow(2), slow(3));
-    let f = start(&[("a", &a), ("b", &b)], budget(ResidencyMode::Eager, 10)).await;
-    // `pp` runs `a` and `b` on the same input: neither waits on the other.
-    std::fs::create_dir(f.dir.path().join("pp")).unwrap();
-    std::fs::write(
-        f.dir.path().join("pp/model-settings.json"),
-        r#"{"pipeline": {"steps": [
-              {"model": "a", "inputs": {"x": "x"}, "outputs": {"y": "ya"}},
-              {"model": "b", "inputs": {"x": "x"}, "outputs": {"y": "yb"}}], "outputs": ["ya", "yb"]}}"#,
-    )
-    .unwrap();
+/// Adds the pipeline `name` (its `model-settings.json` text) to `f`'s
+/// repository and waits until it serves.
+async fn add_pipeline(f: &Fixture, name: &str, settings: &str) -> std::sync::Arc<crate::model::ModelHandle> {
+    std::fs::create_dir(f.dir.path().join(name)).unwrap();
+    std::fs::write(f.dir.path().join(name).join("model-settings.json"), settings).unwrap();
     f.repo.rescan();
     let t0 = Instant::now();
-    while f.repo.registry().ready("pp", None).is_err() {
+    loop {
+        if let Ok(h) = f.repo.registry().ready(name, None) {
+            return h;
+        }
         assert!(t0.elapsed() < Duration::from_secs(10), "the pipeline loads");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let request = |timeout| InferRequest {
+}
+
+/// A request of one row `x = [1, 1]` with its own `timeout`.
+fn x_request(timeout: Option<Duration>) -> crate::protocol::InferRequest {
+    use crate::tensor::{Tensor, TensorData};
+    crate::protocol::InferRequest {
         id: None,
         inputs: vec![Tensor::new("x", vec![1, 2], TensorData::F32(vec![1.0, 1.0])).unwrap()],
         outputs: None,
-        schedule: Schedule {
+        schedule: crate::protocol::Schedule {
             timeout,
             priority: None,
         },
         classify: Vec::new(),
         sequence: None,
-    };
-    let pp = f.repo.registry().ready("pp", None).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_pipelines_independent_steps_run_at_once_and_its_deadline_holds() {
+    use crate::tensor::TensorData;
+    let slow = |k: u32| format!("k={k} bytes={GB} run_ms=400");
+    let (a, b) = (slow(2), slow(3));
+    let f = start(&[("a", &a), ("b", &b)], budget(ResidencyMode::Eager, 10)).await;
+    // `pp` runs `a` and `b` on the same input: neither waits on the other.
+    let pp = add_pipeline(
+        &f,
+        "pp",
+        r#"{"pipeline": {"steps": [
+              {"model": "a", "inputs": {"x": "x"}, "outputs": {"y": "ya"}},
+              {"model": "b", "inputs": {"x": "x"}, "outputs": {"y": "yb"}}], "outputs": ["ya", "yb"]}}"#,
+    )
+    .await;
+    let request = x_request;
     let run = {
         let (pp, req) = (pp.clone(), request(None));
         tokio::spawn(async move { pp.infer(req, Instant::now()).await })
@@ -459,37 +473,19 @@ async fn a_pipelines_independent_steps_run_at_once_and_its_deadline_holds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipelines_deadline_counts_from_arrival_across_its_steps() {
-    use crate::protocol::{InferRequest, Schedule};
-    use crate::tensor::{Tensor, TensorData};
+    use crate::tensor::TensorData;
     let slow = |k: u32| format!("k={k} bytes={GB} run_ms=88");
     let (a, b) = (slow(2), slow(3));
     let f = start(&[("a", &a), ("b", &b)], budget(ResidencyMode::Eager, 10)).await;
-    std::fs::create_dir(f.dir.path().join("chain")).unwrap();
-    std::fs::write(
-        f.dir.path().join("chain/model-settings.json"),
+    let chain = add_pipeline(
+        &f,
+        "chain",
         r#"{"pipeline": {"steps": [
               {"model": "a", "inputs": {"x": "x"}, "outputs": {"y": "ya"}},
               {"model": "b", "inputs": {"x": "ya"}, "outputs": {"y": "yb"}}], "outputs": ["yb"]}}"#,
     )
-    .unwrap();
-    f.repo.rescan();
-    let t0 = Instant::now();
-    while f.repo.registry().ready("chain", None).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "the pipeline loads");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let chain = f.repo.registry().ready("chain", None).unwrap();
-    let request = |timeout| InferRequest {
-        id: None,
-        inputs: vec![Tensor::new("x", vec![1, 2], TensorData::F32(vec![1.0, 1.0])).unwrap()],
-        outputs: None,
-        schedule: Schedule {
-            timeout,
-            priority: None,
-        },
-        classify: Vec::new(),
-        sequence: None,
-    };
+    .await;
+    let request = x_request;
     // Whole: 6x after two steps of 88 ms.
     let answer = chain.infer(request(None), Instant::now()).await.unwrap();
     match &answer.outputs[0].data {
