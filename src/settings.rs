@@ -597,6 +597,7 @@ mod walk;
 
 pub use cuda::{ArenaExtendStrategy, CudaOptions, CudnnConvAlgoSearch};
 use fields::Batcher;
+pub use walk::in_folder;
 use walk::{describe, get, lookup, Walker};
 
 #[cfg(test)]

@@ -333,11 +333,11 @@ impl Walker {
             None => PathBuf::from("tokenizer.json"),
             Some(v) => {
                 let expected = "a tokenizer.json of the model folder";
-                let f = std::path::Path::new(self.string(v, &format!("{path}.file"), expected)?);
-                if f.is_absolute() || f.components().any(|c| c == std::path::Component::ParentDir) {
+                let f = self.string(v, &format!("{path}.file"), expected)?;
+                if super::in_folder("file", f).is_err() {
                     return self.bad(&format!("{path}.file"), expected, v);
                 }
-                f.to_path_buf()
+                PathBuf::from(f)
             }
         };
         let max_length = match get(obj, "max_length") {

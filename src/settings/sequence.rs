@@ -183,12 +183,9 @@ impl Walker {
                 let expected =
                     "a file of the model folder holding the initial state (raw little-endian values)";
                 let file = self.string(v, &format!("{path}.initial_file"), expected)?;
-                let p = std::path::Path::new(file);
-                let inside =
-                    !p.is_absolute() && !p.components().any(|c| c == std::path::Component::ParentDir);
-                match inside {
-                    true => Some(p.to_path_buf()),
-                    false => self.bad(&format!("{path}.initial_file"), expected, v),
+                match super::in_folder("initial_file", file) {
+                    Ok(f) => Some(std::path::PathBuf::from(f)),
+                    Err(_) => self.bad(&format!("{path}.initial_file"), expected, v),
                 }
             });
             match (name(self, "input"), name(self, "output")) {

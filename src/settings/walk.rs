@@ -289,3 +289,27 @@ impl Walker {
         }
     }
 }
+
+/// `name`, a file a configuration names (`field`), when it stays inside the
+/// model folder: relative, without `..`. Symlinks inside the folder are the
+/// operator's to place; a configuration, which a client may send through the
+/// load API, must not reach past the folder by itself.
+pub fn in_folder<'a>(field: &str, name: &'a str) -> Result<&'a str, String> {
+    use std::path::Component;
+    let path = std::path::Path::new(name);
+    let why = if name.is_empty() {
+        "it is empty"
+    } else if path.is_absolute() || name.starts_with('\\') || name.get(1..2) == Some(":") {
+        "an absolute path"
+    } else if path.components().any(|c| c == Component::ParentDir) {
+        "`..` leads out of the folder"
+    } else if name.contains('\0') {
+        "it holds a NUL byte"
+    } else {
+        return Ok(name);
+    };
+    Err(format!(
+        "{field} {:?} must name a file inside the model folder ({why}); put the file in the folder and name it relative to it",
+        crate::error::clip(name)
+    ))
+}

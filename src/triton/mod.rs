@@ -88,7 +88,7 @@ pub fn versions_for(
 ) -> Result<Versions, String> {
     let filename = match config.default_model_filename.as_str() {
         "" => DEFAULT_MODEL_FILENAME,
-        f => in_folder("default_model_filename", f)?,
+        f => crate::settings::in_folder("default_model_filename", f)?,
     };
     // An ensemble's version folders hold no file (Triton's are empty).
     let filename = match config.platform == mapping::ensemble::PLATFORM {
@@ -111,7 +111,7 @@ pub fn versions_for(
     let mut labels = std::collections::BTreeMap::new();
     for o in config.output.iter().filter(|o| !o.label_filename.is_empty()) {
         let field = format!("output `{}`: label_filename", o.name);
-        let file = dir.join(in_folder(&field, &o.label_filename)?);
+        let file = dir.join(crate::settings::in_folder(&field, &o.label_filename)?);
         let text = read_config(&file)
             .map_err(|e| format!("output `{}`: label_filename `{}`: {e}", o.name, o.label_filename))?;
         let lines: Vec<String> = text.lines().map(str::to_string).collect();
@@ -130,30 +130,6 @@ pub fn versions_for(
         settings,
         several: several(config),
     })
-}
-
-/// `name`, a file a configuration names (`field`), when it stays inside the
-/// model folder: relative, without `..`. Symlinks inside the folder are the
-/// operator's to place; a configuration, which a client may send through the
-/// load API, must not reach past the folder by itself.
-pub fn in_folder<'a>(field: &str, name: &'a str) -> Result<&'a str, String> {
-    use std::path::Component;
-    let path = Path::new(name);
-    let why = if name.is_empty() {
-        "it is empty"
-    } else if path.is_absolute() || name.starts_with('\\') || name.get(1..2) == Some(":") {
-        "an absolute path"
-    } else if path.components().any(|c| c == Component::ParentDir) {
-        "`..` leads out of the folder"
-    } else if name.contains('\0') {
-        "it holds a NUL byte"
-    } else {
-        return Ok(name);
-    };
-    Err(format!(
-        "{field} {:?} must name a file inside the model folder ({why}); put the file in the folder and name it relative to it",
-        crate::error::clip(name)
-    ))
 }
 
 /// Whether `config`'s `version_policy` may select more than one version.

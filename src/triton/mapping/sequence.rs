@@ -88,7 +88,7 @@ pub fn settings(s: &ModelSequenceBatching, batched: bool) -> Result<SequenceSett
             let initial = match st.initial_state.first().and_then(|i| i.state_data.as_ref()) {
                 Some(StateData::DataFile(f)) => {
                     let field = format!("state `{}`: initial_state data_file", st.input_name);
-                    Some(std::path::Path::new("initial_state").join(crate::triton::in_folder(&field, f)?))
+                    Some(std::path::Path::new("initial_state").join(crate::settings::in_folder(&field, f)?))
                 }
                 _ => None,
             };
